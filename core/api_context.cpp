@@ -1,0 +1,124 @@
+// The public Context, Memory, MemoryRegion, Request and UniqueId: thin shells over core.
+#include <cstdio>
+#include <cstring>
+
+#include "core/context_impl.h"
+#include "core/registration.h"
+#include "hmc/context.h"
+#include "hmc/memory_region.h"
+#include "hmc/request.h"
+
+namespace hmc {
+
+Result<Context> Context::create(ContextOptions options) {
+  auto impl = core::ContextImpl::create(options);
+  if (!impl) return impl.status();
+  return Context(std::move(impl.value()));
+}
+Context::Context(std::unique_ptr<core::ContextImpl> impl) : impl_(std::move(impl)) {}
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+Context::~Context() = default;
+
+std::vector<ProviderInfo> Context::providers() const { return impl_->registry().report(); }
+std::vector<DeviceInfo> Context::devices() const { return impl_->devices(); }
+std::vector<ConfigEntry> Context::config() const { return impl_->config().entries(); }
+Result<Memory> Context::alloc(const DeviceId& device, std::size_t bytes, AllocKind kind) {
+  return impl_->alloc(device, bytes, kind);
+}
+Status Context::copy(void* dst, const void* src, std::size_t bytes) { return impl_->copy(dst, src, bytes); }
+DeviceId Context::device_of(const void* ptr) const { return impl_->device_of(ptr); }
+Result<UniqueId> Context::create_unique_id() { return impl_->create_unique_id(); }
+
+Memory& Memory::operator=(Memory&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ctx_ = std::exchange(o.ctx_, nullptr);
+    device_ = o.device_;
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    kind_ = o.kind_;
+  }
+  return *this;
+}
+
+void Memory::reset() {
+  if (ctx_ && ptr_) ctx_->free(device_, ptr_);
+  ctx_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+MemoryRegion::MemoryRegion(std::unique_ptr<core::Registration> reg) : reg_(std::move(reg)) {}
+MemoryRegion::MemoryRegion(MemoryRegion&&) noexcept = default;
+MemoryRegion& MemoryRegion::operator=(MemoryRegion&&) noexcept = default;
+MemoryRegion::~MemoryRegion() = default;
+void* MemoryRegion::data() const { return reg_ ? reg_->data() : nullptr; }
+std::size_t MemoryRegion::size() const { return reg_ ? reg_->size() : 0; }
+RemoteKey MemoryRegion::pack() const { return reg_ ? RemoteKey{reg_->pack()} : RemoteKey{}; }
+
+Status Request::wait() {
+  if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
+  auto* engine = op_->engine();
+  return wait(engine ? engine->default_timeout : std::chrono::milliseconds(0));
+}
+
+Status Request::wait(std::chrono::milliseconds timeout) {
+  if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
+  if (op_->done()) return op_->status();
+  auto* engine = op_->engine();
+  if (!engine->wait_until([&] { return op_->done(); }, Clock::now() + timeout)) {
+    if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
+    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
+  }
+  return op_->status();
+}
+
+bool Request::test() {
+  if (!op_) return true;
+  if (!op_->done() && op_->engine()) op_->engine()->progress();
+  return op_->done();
+}
+
+Status Request::status() const { return op_ ? op_->status() : Status{}; }
+std::size_t Request::bytes() const { return op_ ? op_->bytes() : 0; }
+
+Status wait_all(Request* requests, std::size_t n) {
+  Status first;
+  for (std::size_t i = 0; i < n; ++i) {
+    Status s = requests[i].wait();
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+std::string UniqueId::to_string() const {
+  std::string hex;
+  char b[3];
+  for (uint8_t c : secret) {
+    std::snprintf(b, sizeof(b), "%02x", c);
+    hex += b;
+  }
+  return "hmc1:" + root + ":" + hex;
+}
+
+Result<UniqueId> UniqueId::parse(const std::string& text) {
+  auto bad = [&](const char* why) {
+    return Status(ErrorCode::kInvalidArgument, "malformed unique id '" + text + "': " + why);
+  };
+  if (text.rfind("hmc1:", 0) != 0) return bad("expected hmc1:<host>:<port>:<secret>");
+  auto last = text.rfind(':');
+  std::string hex = text.substr(last + 1);
+  UniqueId id;
+  id.root = text.substr(5, last - 5);
+  if (id.root.find(':') == std::string::npos) return bad("no port");
+  if (hex.size() != 32) return bad("secret must be 32 hex digits");
+  for (std::size_t i = 0; i < 16; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(hex.c_str() + 2 * i, "%2x", &v) != 1) return bad("secret is not hex");
+    id.secret[i] = static_cast<uint8_t>(v);
+  }
+  return id;
+}
+
+}  // namespace hmc

@@ -1,0 +1,59 @@
+#include "core/card.h"
+
+#include <nlohmann/json.hpp>
+
+namespace hmc::core {
+
+using nlohmann::json;
+
+const NetCard* Card::net(const std::string& name) const {
+  for (const auto& n : nets)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+PeerInfo Card::peer_info() const {
+  PeerInfo p{rank, host_id, hostname, pid, {}, devices};
+  for (const auto& n : nets) p.net_providers.push_back(n.name);
+  return p;
+}
+
+std::vector<uint8_t> encode_card(const Card& c) {
+  json j = {{"v", 1}, {"rank", c.rank}, {"host", c.host_id}, {"hostname", c.hostname}, {"pid", c.pid}};
+  j["devices"] = json::array();
+  for (const auto& d : c.devices)
+    j["devices"].push_back({{"provider", d.id.provider}, {"index", d.id.index}, {"vendor", d.vendor},
+                            {"model", d.model}, {"pci", d.pci_bus_id}, {"numa", d.numa_node},
+                            {"kind", static_cast<int>(d.mem_kind)}, {"bytes", d.memory_bytes}});
+  j["nets"] = json::array();
+  for (const auto& n : c.nets)
+    j["nets"].push_back({{"name", n.name}, {"caps", n.caps}, {"addr", json::binary(n.address)},
+                         {"lat", n.latency_us}, {"bw", n.bandwidth_gbps}});
+  return json::to_cbor(j);
+}
+
+Result<Card> decode_card(const std::vector<uint8_t>& bytes) {
+  json j = json::from_cbor(bytes, true, false);
+  if (j.is_discarded() || !j.is_object() || j.value("v", 0) != 1)
+    return Status(ErrorCode::kMismatch, "a peer sent an unreadable capability card (different HMC version?)");
+  try {
+    Card c;
+    c.rank = j.at("rank").get<int>();
+    c.host_id = j.at("host").get<std::string>();
+    c.hostname = j.at("hostname").get<std::string>();
+    c.pid = j.at("pid").get<int>();
+    for (const auto& d : j.at("devices"))
+      c.devices.push_back({{d.at("provider").get<std::string>(), d.at("index").get<int>()},
+                           d.at("vendor").get<std::string>(), d.at("model").get<std::string>(),
+                           d.at("pci").get<std::string>(), d.at("numa").get<int>(),
+                           static_cast<MemKind>(d.at("kind").get<int>()), d.at("bytes").get<uint64_t>()});
+    for (const auto& n : j.at("nets"))
+      c.nets.push_back({n.at("name").get<std::string>(), n.at("caps").get<uint64_t>(),
+                        n.at("addr").get_binary(), n.at("lat").get<double>(), n.at("bw").get<double>()});
+    return c;
+  } catch (const json::exception& e) {
+    return Status(ErrorCode::kMismatch, std::string("a peer's capability card is malformed: ") + e.what());
+  }
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,276 @@
+// CommImpl set-up and lifecycle: bootstrap, cards, path negotiation, connections.
+#include "core/comm_impl.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+#include "core/path_negotiation.h"
+
+namespace hmc::core {
+namespace {
+
+constexpr std::size_t kCtrlSlots = 4;
+
+bool same_secret(const uint8_t* a, const uint8_t* b) {
+  uint8_t diff = 0;  // constant time: a stranger learns nothing from timing
+  for (int i = 0; i < 16; ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+uint64_t derive_comm_id(const UniqueId& id) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the whole id
+  for (char c : id.to_string()) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+CommImpl::CommImpl(ContextImpl& ctx, int rank, int size) : ctx_(ctx), rank_(rank), size_(size) {}
+
+Result<std::unique_ptr<CommImpl>> CommImpl::create(ContextImpl& ctx, const UniqueId& id, int rank, int size) {
+  if (size < 1) return Status(ErrorCode::kInvalidArgument, "communicator size must be at least 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size)
+    return Status(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(size) + ")");
+  auto comm = std::unique_ptr<CommImpl>(new CommImpl(ctx, rank, size));
+  Status s = comm->setup(id);
+  if (!s.ok()) {
+    comm->abort();
+    return s;
+  }
+  return comm;
+}
+
+Status CommImpl::setup(const UniqueId& id) {
+  auto deadline = ctx_.deadline();
+  secret_ = id.secret;
+  comm_id_ = derive_comm_id(id);
+  eager_limit_ = ctx_.config().size("HMC_EAGER_LIMIT");
+  auto colon = id.root.rfind(':');
+  if (colon == std::string::npos) return {ErrorCode::kInvalidArgument, "unique id root '" + id.root + "' is not host:port"};
+  int port = std::atoi(id.root.c_str() + colon + 1);
+  auto boot = Bootstrap::connect(id.root.substr(0, colon), static_cast<uint16_t>(port), id.secret, rank_, size_, deadline);
+  if (!boot) return boot.status();
+  bootstrap_ = std::move(boot.value());
+  bootstrap_->set_on_change([this] {
+    lost_changed_ = true;
+    ctx_.engine()->wake();
+  });
+
+  // Listen on every net provider and publish the addresses in this rank's card.
+  Card mine{rank_, ctx_.host_id(), "", getpid(), ctx_.devices(), {}};
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  mine.hostname = host;
+  for (auto& n : ctx_.registry().nets()) {
+    std::vector<uint8_t> addr(HMC_NET_ADDR_MAX);
+    std::size_t len = 0;
+    void* listener = nullptr;
+    int rc = n->net->listen(n->state, bootstrap_->local_ip().c_str(), addr.data(), addr.size(), &len, &listener);
+    if (rc != 0) {
+      HMC_LOG("core", warn, "net provider {} cannot listen (code {}); it is left out of this communicator", n->name, rc);
+      continue;
+    }
+    addr.resize(len);
+    listeners_.emplace_back(n.get(), listener);
+    mine.nets.push_back({n->name, n->net->caps, addr, n->net_props.latency_us, n->net_props.bandwidth_gbps});
+    eager_limit_ = std::min(eager_limit_, n->net_props.max_msg_size - sizeof(WireHeader));
+  }
+  auto blobs = bootstrap_->allgather(encode_card(mine), deadline);
+  if (!blobs) return blobs.status();
+
+  // Negotiate every pair; agree on success before anyone connects, so one rank's
+  // failure becomes everyone's clear error instead of a connect timeout.
+  auto policy = PathPolicy::parse(ctx_.config().str("HMC_PATH"));
+  Status mine_ok = policy ? Status{} : policy.status();
+  peers_.resize(size_);
+  for (int r = 0; r < size_ && mine_ok.ok(); ++r) {
+    auto card = decode_card(blobs.value()[r]);
+    if (!card) { mine_ok = card.status(); break; }
+    Peer& p = peers_[r];
+    p.rank = r;
+    p.card = std::move(card.value());
+    p.info = p.card.peer_info();
+    auto path = negotiate_path(mine, p.card, policy.value());
+    if (!path) { mine_ok = path.status(); break; }
+    p.path = std::move(path.value());
+    if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
+  }
+  std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
+  auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);
+  if (!verdicts) return verdicts.status();
+  for (int r = 0; r < size_; ++r) {
+    const auto& v = verdicts.value()[r];
+    if (!v.empty())
+      return {r == rank_ ? mine_ok.code() : ErrorCode::kUnavailable,
+              r == rank_ ? mine_ok.message() : "rank " + std::to_string(r) + " failed to set up: " + std::string(v.begin(), v.end())};
+  }
+  for (auto& p : peers_)
+    HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
+  HMC_RETURN_IF_ERROR(connect_all(id.secret, deadline));
+  for (auto& p : peers_) {
+    if (!p.net) continue;
+    p.ctrl.resize(kCtrlSlots);
+    for (auto& slot : p.ctrl) {
+      slot.buf.resize(sizeof(WireHeader) + eager_limit_);
+      post_ctrl_recv(p, slot);
+    }
+  }
+  ctx_.engine()->add(this);
+  registered_ = true;
+  return {};
+}
+
+Status CommImpl::check_hello(const Hello& h, const std::string& provider, const Secret& secret) const {
+  if (std::memcmp(h.magic, "HMCHELO", 8) != 0 || h.version != kHelloVersion)
+    return {ErrorCode::kRefused, "not an HMC connection"};
+  if (!same_secret(h.secret, secret.data())) return {ErrorCode::kRefused, "wrong job secret"};
+  if (h.comm_id != comm_id_) return {ErrorCode::kRefused, "belongs to another communicator"};
+  if (h.rank < 0 || h.rank >= rank_) return {ErrorCode::kRefused, "unexpected rank " + std::to_string(h.rank)};
+  const Peer& p = peers_[h.rank];
+  if (p.conn) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " is already connected"};
+  if (std::string(h.provider, strnlen(h.provider, sizeof(h.provider))) != provider || p.path.provider != provider)
+    return {ErrorCode::kMismatch, "rank " + std::to_string(h.rank) + " connected over " + provider +
+                                      " but this rank chose " + p.path.provider + " (HMC_PATH differs between ranks?)"};
+  return {};
+}
+
+Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
+  // The lower rank of each pair connects; the higher one accepts and authenticates.
+  std::size_t expected_in = 0;
+  for (auto& p : peers_) {
+    if (!p.net) continue;
+    if (p.rank < rank_) { ++expected_in; continue; }
+    const NetCard* nc = p.card.net(p.path.provider);
+    Hello h{};
+    std::memcpy(h.magic, "HMCHELO", 8);
+    h.version = kHelloVersion;
+    h.rank = rank_;
+    std::memcpy(h.secret, secret.data(), 16);
+    h.comm_id = comm_id_;
+    std::strncpy(h.provider, p.path.provider.c_str(), sizeof(h.provider) - 1);
+    int rc = p.net->net->connect(p.net->state, nc->address.data(), nc->address.size(), &h, sizeof(h), &p.conn);
+    if (rc != 0) return {ErrorCode::kPeerLost, "connecting to " + describe(p) + " failed (code " + std::to_string(rc) + ")"};
+  }
+  std::size_t accepted = 0;
+  while (true) {
+    bool all_out = true;
+    for (auto& p : peers_) {
+      if (!p.net || p.rank < rank_) continue;
+      int st = p.net->net->conn_status(p.net->state, p.conn);
+      if (st < 0) return {ErrorCode::kPeerLost, "connecting to " + describe(p) + " failed (code " + std::to_string(st) + ")"};
+      all_out &= st == 0;
+    }
+    for (auto& [net, listener] : listeners_) {
+      void* conn = nullptr;
+      Hello h{};
+      std::size_t hello_len = 0;
+      if (net->net->accept(net->state, listener, &conn, &h, sizeof(h), &hello_len) != 0 || !conn) continue;
+      Status ok = hello_len == sizeof(h) ? check_hello(h, net->name, secret) : Status{ErrorCode::kRefused, "malformed hello"};
+      if (!ok.ok()) {
+        HMC_LOG("core", warn, "refused a {} connection: {}", net->name, ok.message());
+        net->net->close_conn(net->state, conn);
+        if (ok.code() == ErrorCode::kMismatch) return ok;
+        continue;
+      }
+      peers_[h.rank].conn = conn;
+      ++accepted;
+    }
+    if (all_out && accepted == expected_in) return {};
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (auto& p : peers_)
+        if (p.net && (p.rank < rank_ ? !p.conn : p.net->net->conn_status(p.net->state, p.conn) != 0))
+          missing += " " + std::to_string(p.rank);
+      return {ErrorCode::kTimeout, "connections to ranks" + missing + " not established before HMC_TIMEOUT"};
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+std::string CommImpl::describe(const Peer& p) const {
+  return "rank " + std::to_string(p.rank) + " (" + p.card.hostname + ", pid " + std::to_string(p.card.pid) + ", " +
+         p.path.provider + ")";
+}
+
+Status CommImpl::usable() const {
+  switch (state_.load()) {
+    case 0: return {};
+    case 1: return {ErrorCode::kFinalized, "communicator used after finalize()"};
+    default: return {ErrorCode::kAborted, "communicator was aborted"};
+  }
+}
+
+Status CommImpl::barrier() {
+  HMC_RETURN_IF_ERROR(usable());
+  return bootstrap_->barrier(ctx_.deadline());
+}
+
+void CommImpl::fail_all(const Status& why) {
+  for (auto& p : peers_) {
+    for (auto& r : p.posted) r.op->fail(why);
+    for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
+    for (auto& [id, r] : p.rndv_recvs) r.op->fail(why);
+    p.posted.clear();
+    p.rndv_sends.clear();
+    p.rndv_recvs.clear();
+  }
+}
+
+void CommImpl::close_connections() {
+  for (auto& p : peers_) {
+    if (!p.net || !p.conn) continue;
+    p.net->net->close_conn(p.net->state, p.conn);
+    // Closed connections fail their requests: collect them so nothing leaks.
+    auto until = Clock::now() + std::chrono::seconds(2);
+    auto pending = [&] { return !p.inflight.empty() || std::any_of(p.ctrl.begin(), p.ctrl.end(), [](auto& s) { return s.req; }); };
+    while (pending() && Clock::now() < until) progress_peer(p);
+    p.conn = nullptr;
+  }
+  for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
+  listeners_.clear();
+}
+
+void CommImpl::abort() {
+  {
+    std::lock_guard lock(mu_);
+    if (state_.load() == 2) return;
+    bool was_active = state_.exchange(2) == 0;
+    fail_all({ErrorCode::kAborted, "communicator was aborted"});
+    if (registered_) ctx_.engine()->remove(this);
+    registered_ = false;
+    if (bootstrap_ && was_active) bootstrap_->abort();
+    close_connections();
+  }
+  ctx_.engine()->wake();
+}
+
+Status CommImpl::finalize() {
+  HMC_RETURN_IF_ERROR(usable());
+  auto deadline = ctx_.deadline();
+  // Let in-flight sends drain, then agree that everyone is done before closing anything.
+  ctx_.engine()->wait_until([&] {
+    std::lock_guard lock(mu_);
+    for (auto& p : peers_)
+      if (!p.inflight.empty() || !p.rndv_sends.empty()) return false;
+    return true;
+  }, deadline);
+  Status s = bootstrap_->barrier(deadline);
+  std::lock_guard lock(mu_);
+  state_ = 1;
+  fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
+  if (registered_) ctx_.engine()->remove(this);
+  registered_ = false;
+  Status bye = bootstrap_->finalize(deadline);
+  close_connections();
+  return s.ok() ? bye : s;
+}
+
+CommImpl::~CommImpl() {
+  if (state_.load() == 0) HMC_LOG("core", info, "communicator destroyed without finalize(); peers will see rank {} lost", rank_);
+  abort();
+}
+
+}  // namespace hmc::core

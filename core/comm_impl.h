@@ -1,0 +1,139 @@
+// CommImpl: one communicator's peers, paths, connections and point-to-point engine.
+//
+// Tag matching and rendezvous are built on the net ABI's ordered messages and puts:
+//   - up to HMC_EAGER_LIMIT bytes travel inside one EAGER message;
+//   - larger ones: RTS -> receiver registers its buffer -> CTS(rkey) -> sender puts the
+//     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering).
+// A receive matches the first message of the same peer and tag, in order.
+// All state is guarded by mu_; progress() takes it with try_lock so any waiting thread
+// can drive it. Lock order: CommImpl::mu_, then ProgressEngine's.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/card.h"
+#include "core/context_impl.h"
+#include "core/progress.h"
+#include "core/registration.h"
+#include "core/wire.h"
+#include "hmc/communicator.h"
+
+namespace hmc::core {
+
+class CommImpl : public Progressable {
+ public:
+  static Result<std::unique_ptr<CommImpl>> create(ContextImpl& ctx, const UniqueId& id, int rank, int size);
+  ~CommImpl() override;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ContextImpl& context() { return ctx_; }
+  const PeerInfo& peer_info(int r) const { return peers_[r].info; }
+  const PathInfo& path(int r) const { return peers_[r].path; }
+
+  // Tags with the top bit set are reserved for collectives (any tag is accepted here).
+  std::shared_ptr<Operation> isend(const void* buf, std::size_t bytes, int peer, uint64_t tag);
+  std::shared_ptr<Operation> irecv(void* buf, std::size_t bytes, int peer, uint64_t tag);
+  Result<MemoryRegion> register_memory(void* ptr, std::size_t bytes);
+  std::shared_ptr<Operation> put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
+                                 uint64_t offset, std::optional<uint64_t> notify);
+  Result<uint64_t> wait_notify(int peer, Clock::time_point deadline);
+  Status barrier();
+  void abort();
+  Status finalize();
+  // Ok while usable; kFinalized / kAborted afterwards.
+  Status usable() const;
+
+  bool progress() override;
+
+ private:
+  struct SendOp {
+    std::shared_ptr<Operation> op;
+    const uint8_t* buf;
+    std::size_t bytes;
+  };
+  struct RecvOp {
+    std::shared_ptr<Operation> op;
+    uint8_t* buf;
+    std::size_t bytes;
+    uint64_t tag;
+    uint64_t id;
+    void* mr = nullptr;
+  };
+  struct Unexpected {
+    MsgType type;
+    uint64_t tag;
+    uint64_t size;
+    uint64_t sender_id;
+    std::vector<uint8_t> data;
+  };
+  // A provider request in flight and what to do when it ends.
+  struct Inflight {
+    void* req;
+    std::function<void(const Status&)> done;
+  };
+  struct CtrlSlot {
+    std::vector<uint8_t> buf;
+    void* req = nullptr;
+  };
+  struct Peer {
+    int rank = -1;
+    Card card;
+    PeerInfo info;
+    PathInfo path;
+    LoadedProvider* net = nullptr;  // null for self
+    void* conn = nullptr;
+    Status lost;  // ok while alive
+    std::vector<CtrlSlot> ctrl;
+    std::size_t next_ctrl = 0;
+    std::deque<RecvOp> posted;
+    std::deque<Unexpected> unexpected;
+    std::map<uint64_t, SendOp> rndv_sends;
+    std::map<uint64_t, RecvOp> rndv_recvs;
+    std::deque<uint64_t> notifications;
+    std::vector<Inflight> inflight;
+  };
+
+  CommImpl(ContextImpl& ctx, int rank, int size);
+  Status setup(const UniqueId& id);
+  Status connect_all(const Secret& secret, Clock::time_point deadline);
+  Status check_hello(const Hello& h, const std::string& provider, const Secret& secret) const;
+  void post_ctrl_recv(Peer& p, CtrlSlot& slot);
+
+  // p2p engine (p2p.cpp)
+  void post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
+                const void* payload, std::size_t payload_len, std::function<void(const Status&)> done);
+  void track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
+  void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
+  void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
+  void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size);
+  void on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
+  void mark_lost(Peer& p, Status why);
+  bool progress_peer(Peer& p);
+  void fail_all(const Status& why);
+  void close_connections();
+  std::string describe(const Peer& p) const;
+
+  ContextImpl& ctx_;
+  int rank_;
+  int size_;
+  uint64_t comm_id_ = 0;
+  std::size_t eager_limit_ = 64 * 1024;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<Peer> peers_;
+  std::vector<std::pair<LoadedProvider*, void*>> listeners_;
+  Secret secret_{};
+  mutable std::mutex mu_;
+  std::atomic<bool> lost_changed_{false};
+  std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
+  uint64_t next_id_ = 1;
+  bool registered_ = false;
+};
+
+}  // namespace hmc::core

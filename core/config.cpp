@@ -1,0 +1,202 @@
+#include "core/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+extern char** environ;
+
+namespace hmc::core {
+namespace {
+
+const char* type_name(ParamType t) {
+  switch (t) {
+    case ParamType::kString: return "string";
+    case ParamType::kInt: return "int";
+    case ParamType::kSize: return "size";
+    case ParamType::kBool: return "bool";
+    case ParamType::kDuration: return "duration";
+    case ParamType::kList: return "list";
+    case ParamType::kForeign: return "foreign";
+  }
+  return "?";
+}
+
+std::optional<ParamType> type_from_name(const std::string& s) {
+  if (s == "string") return ParamType::kString;
+  if (s == "int") return ParamType::kInt;
+  if (s == "size") return ParamType::kSize;
+  if (s == "bool") return ParamType::kBool;
+  if (s == "duration") return ParamType::kDuration;
+  if (s == "list") return ParamType::kList;
+  return std::nullopt;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+Status validate(const ParamDef& def, const std::string& value) {
+  bool good = true;
+  switch (def.type) {
+    case ParamType::kInt: {
+      char* end = nullptr;
+      errno = 0;
+      std::strtoll(value.c_str(), &end, 10);
+      good = !value.empty() && *end == '\0' && errno == 0;
+      break;
+    }
+    case ParamType::kSize: good = parse_size(value).has_value(); break;
+    case ParamType::kBool: good = parse_bool(value).has_value(); break;
+    case ParamType::kDuration: good = parse_duration(value).has_value(); break;
+    default: break;
+  }
+  if (good) return {};
+  return {ErrorCode::kInvalidArgument,
+          "malformed " + def.name + "='" + value + "': expected a " + type_name(def.type)};
+}
+
+}  // namespace
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || errno != 0 || v < 0) return std::nullopt;
+  std::string unit = lower(end);
+  if (!unit.empty() && unit.back() == 'b') unit.pop_back();   // "kb", "mib" -> "k", "mi"
+  if (!unit.empty() && unit.back() == 'i') unit.pop_back();
+  double mul = 1;
+  if (unit == "k") mul = 1024.0;
+  else if (unit == "m") mul = 1024.0 * 1024;
+  else if (unit == "g") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) return std::nullopt;
+  return static_cast<uint64_t>(v * mul);
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || errno != 0 || v < 0) return std::nullopt;
+  std::string unit = lower(end);
+  double ms;
+  if (unit.empty() || unit == "s") ms = v * 1000;
+  else if (unit == "ms") ms = v;
+  else if (unit == "m" || unit == "min") ms = v * 60000;
+  else if (unit == "h") ms = v * 3600000;
+  else return std::nullopt;
+  return std::chrono::milliseconds(static_cast<int64_t>(ms));
+}
+
+std::optional<bool> parse_bool(const std::string& text) {
+  std::string s = lower(text);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  return std::nullopt;
+}
+
+const std::vector<ParamDef>& Config::core_params() {
+  static const std::vector<ParamDef> kParams = {
+      {"HMC_LOG_LEVEL", ParamType::kString, "warn", "log level: trace, debug, info, warn, error, off"},
+      {"HMC_TIMEOUT", ParamType::kDuration, "60s", "deadline of every blocking call (e.g. 500ms, 30s, 2m)"},
+      {"HMC_PROVIDERS", ParamType::kList, "", "providers to use: 'a,b' keeps only those, '^c' excludes c"},
+      {"HMC_PROVIDER_PATH", ParamType::kString, "", "colon-separated folders searched for provider plugins before the one next to libhmc"},
+      {"HMC_PATH", ParamType::kString, "", "force a net provider: 'tcp' for every pair, or per pair class 'same_host=shm,remote=tcp'"},
+      {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put"},
+      {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
+      {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},
+      {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},
+      {"HMC_WORLD_SIZE", ParamType::kInt, "", "number of ranks (Communicator::from_env)"},
+      {"HMC_ROOT", ParamType::kString, "", "bootstrap root 'host:port', or a whole unique id 'hmc1:...' (from_env)"},
+      {"HMC_SECRET", ParamType::kString, "", "job secret as 32 hex digits (from_env; else derived from the launcher's job id)"},
+      {"RANK", ParamType::kForeign, "", "torchrun: rank (read by from_env)"},
+      {"WORLD_SIZE", ParamType::kForeign, "", "torchrun: number of ranks"},
+      {"MASTER_ADDR", ParamType::kForeign, "", "torchrun: rank 0's address, hosts the bootstrap root"},
+      {"MASTER_PORT", ParamType::kForeign, "", "torchrun: port of the bootstrap root"},
+      {"TORCHELASTIC_RUN_ID", ParamType::kForeign, "", "torchrun: job id, seeds the job secret when HMC_SECRET is unset"},
+      {"OMPI_COMM_WORLD_RANK", ParamType::kForeign, "", "Open MPI: rank"},
+      {"OMPI_COMM_WORLD_SIZE", ParamType::kForeign, "", "Open MPI: number of ranks"},
+      {"OMPI_MCA_orte_hnp_uri", ParamType::kForeign, "", "Open MPI: job id, seeds the job secret when HMC_SECRET is unset"},
+  };
+  return kParams;
+}
+
+Result<Config> Config::load(const std::map<std::string, std::string>& overrides) {
+  Config c;
+  for (const auto& d : core_params()) c.defs_[d.name] = d;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = kv.substr(0, eq);
+    bool ours = name.rfind("HMC_", 0) == 0 || c.defs_.count(name);
+    if (ours) c.values_[name] = {kv.substr(eq + 1), "env"};
+  }
+  for (const auto& [name, value] : overrides) {
+    if (!c.defs_.count(name) && name.rfind("HMC_", 0) != 0)
+      return Status(ErrorCode::kInvalidArgument, "unknown setting '" + name + "' in ContextOptions");
+    c.values_[name] = {value, "option"};
+  }
+  for (const auto& [name, def] : c.defs_) {
+    auto it = c.values_.find(name);
+    if (it != c.values_.end()) HMC_RETURN_IF_ERROR(validate(def, it->second.first));
+  }
+  return c;
+}
+
+Status Config::add_params(const std::string& owner, const hmc_param_t* params, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const hmc_param_t& p = params[i];
+    if (!p.name || !p.type) return {ErrorCode::kInvalidArgument, owner + ": parameter without name or type"};
+    auto type = type_from_name(p.type);
+    if (!type) return {ErrorCode::kInvalidArgument, owner + ": parameter " + p.name + " has unknown type '" + p.type + "'"};
+    ParamDef def{p.name, *type, p.default_value ? p.default_value : "", p.help ? p.help : "", owner};
+    auto it = values_.find(def.name);
+    if (it != values_.end()) HMC_RETURN_IF_ERROR(validate(def, it->second.first));
+    defs_[def.name] = def;
+  }
+  return {};
+}
+
+std::optional<std::string> Config::text(const std::string& name) const {
+  auto v = values_.find(name);
+  if (v != values_.end()) return v->second.first;
+  auto d = defs_.find(name);
+  if (d != defs_.end()) return d->second.default_value;
+  return std::nullopt;
+}
+
+bool Config::is_set(const std::string& name) const { return values_.count(name) > 0; }
+std::string Config::str(const std::string& name) const { return text(name).value_or(""); }
+int64_t Config::integer(const std::string& name) const { return std::strtoll(str(name).c_str(), nullptr, 10); }
+uint64_t Config::size(const std::string& name) const { return parse_size(str(name)).value_or(0); }
+bool Config::flag(const std::string& name) const { return parse_bool(str(name)).value_or(false); }
+std::chrono::milliseconds Config::duration(const std::string& name) const {
+  return parse_duration(str(name)).value_or(std::chrono::milliseconds(0));
+}
+
+std::vector<ConfigEntry> Config::entries() const {
+  std::vector<ConfigEntry> out;
+  for (const auto& [name, d] : defs_) {
+    ConfigEntry e{name, type_name(d.type), d.default_value, d.help, d.default_value, "default"};
+    if (d.owner != "core") e.help = "[" + d.owner + "] " + e.help;
+    auto v = values_.find(name);
+    if (v != values_.end()) { e.value = v->second.first; e.source = v->second.second; }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<std::string> Config::unclaimed() const {
+  std::vector<std::string> out;
+  for (const auto& [name, v] : values_)
+    if (!defs_.count(name)) out.push_back(name);
+  return out;
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,62 @@
+// Config: the one table of every HMC_* setting, parsed once per Context.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/context.h"
+#include "hmc/provider/common.h"
+#include "hmc/status.h"
+
+namespace hmc::core {
+
+enum class ParamType { kString, kInt, kSize, kBool, kDuration, kList, kForeign };
+
+struct ParamDef {
+  std::string name;
+  ParamType type;
+  std::string default_value;
+  std::string help;
+  std::string owner = "core";  // "core" or the provider that registered it
+};
+
+class Config {
+ public:
+  // Reads the environment once, applies `overrides` (names must be known) and validates
+  // the core table. Provider tables come later through add_params().
+  static Result<Config> load(const std::map<std::string, std::string>& overrides);
+
+  // Registers a provider's parameters and validates any value already set for them.
+  Status add_params(const std::string& owner, const hmc_param_t* params, std::size_t n);
+
+  // The value as text (set or default); nullopt for an unknown name.
+  std::optional<std::string> text(const std::string& name) const;
+  // Whether the user set it (environment or option).
+  bool is_set(const std::string& name) const;
+  std::string str(const std::string& name) const;
+  int64_t integer(const std::string& name) const;
+  uint64_t size(const std::string& name) const;
+  bool flag(const std::string& name) const;
+  std::chrono::milliseconds duration(const std::string& name) const;
+
+  std::vector<ConfigEntry> entries() const;
+  // HMC_* variables in the environment that no table claims (typos, usually).
+  std::vector<std::string> unclaimed() const;
+
+  static const std::vector<ParamDef>& core_params();
+
+ private:
+  std::map<std::string, ParamDef> defs_;
+  std::map<std::string, std::pair<std::string, std::string>> values_;  // name -> (value, source)
+};
+
+// Parsers shared with tools: "64K", "4MiB", "1G" -> bytes; "30s", "500ms", "2m", "10" (s).
+std::optional<uint64_t> parse_size(const std::string& text);
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
+std::optional<bool> parse_bool(const std::string& text);
+
+}  // namespace hmc::core

@@ -1,0 +1,217 @@
+#include "core/context_impl.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/bootstrap.h"
+#include "core/log.h"
+
+namespace hmc::core {
+namespace {
+
+std::string read_boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
+std::string local_hostname() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The address peers most likely reach: the hostname's IPv4 address, else loopback.
+std::string hostname_ipv4() {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  std::string out = "127.0.0.1";
+  if (getaddrinfo(local_hostname().c_str(), nullptr, &hints, &res) == 0) {
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      char buf[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, buf, sizeof(buf));
+      out = buf;
+      break;
+    }
+    freeaddrinfo(res);
+  }
+  return out;
+}
+
+int alloc_kind_code(AllocKind kind) {
+  switch (kind) {
+    case AllocKind::kPinnedHost: return HMC_ALLOC_PINNED_HOST;
+    case AllocKind::kShareable: return HMC_ALLOC_SHAREABLE;
+    default: return HMC_ALLOC_DEVICE;
+  }
+}
+
+}  // namespace
+
+std::string provider_error(const LoadedProvider& p) {
+  const char* e = p.dev ? p.dev->last_error(p.state) : nullptr;
+  return e && *e ? e : "no detail";
+}
+
+Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& options) {
+  auto ctx = std::unique_ptr<ContextImpl>(new ContextImpl());
+  auto cfg = Config::load(options.settings);
+  if (!cfg) return cfg.status();
+  ctx->config_ = std::move(cfg.value());
+  if (!set_log_level(ctx->config_.str("HMC_LOG_LEVEL")))
+    return Status(ErrorCode::kInvalidArgument, "malformed HMC_LOG_LEVEL='" + ctx->config_.str("HMC_LOG_LEVEL") +
+                                                   "': expected trace, debug, info, warn, error or off");
+  ctx->timeout_ = ctx->config_.duration("HMC_TIMEOUT");
+  if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
+  ctx->engine_->default_timeout = ctx->timeout_;
+  ctx->host_id_ = ctx->config_.str("HMC_HOST_ID");
+  if (ctx->host_id_.empty()) ctx->host_id_ = local_hostname() + "/" + read_boot_id();
+  auto reg = PluginRegistry::load(ctx->config_, *ctx->engine_);
+  if (!reg) return reg.status();
+  ctx->registry_ = std::move(reg.value());
+  for (auto& n : ctx->registry_->nets()) {
+    if (!n->net->progress) continue;
+    LoadedProvider* p = n.get();
+    ctx->engine_->add_poller([p] { return p->net->progress(p->state) > 0; });
+  }
+  if (!ctx->registry_->device("cpu"))
+    return Status(ErrorCode::kUnavailable, "the cpu device provider is missing or excluded; host memory needs it");
+  return ctx;
+}
+
+ContextImpl::~ContextImpl() {
+  engine_->close();
+  roots_.clear();
+}
+
+std::vector<DeviceInfo> ContextImpl::devices() const {
+  std::vector<DeviceInfo> out;
+  for (const auto& p : registry_->devices()) {
+    int n = 0;
+    p->dev->device_count(p->state, &n);
+    for (int i = 0; i < n; ++i) {
+      hmc_device_info_t raw{};
+      raw.struct_size = sizeof(raw);
+      if (p->dev->device_info(p->state, i, &raw) != 0) continue;
+      out.push_back({{p->name, i}, raw.vendor, raw.model, raw.pci_bus_id, raw.numa_node,
+                     raw.mem_kind == HMC_MEM_DEVICE ? MemKind::kDevice : MemKind::kHost, raw.memory_bytes});
+    }
+  }
+  return out;
+}
+
+Result<Memory> ContextImpl::alloc(const DeviceId& device, std::size_t bytes, AllocKind kind) {
+  LoadedProvider* p = registry_->device(device.provider);
+  if (!p) return Status(ErrorCode::kNotFound, "no device provider '" + device.provider + "' is loaded (hmc-probe lists them)");
+  int n = 0;
+  p->dev->device_count(p->state, &n);
+  if (device.index < 0 || device.index >= n)
+    return Status(ErrorCode::kInvalidArgument, "device " + device.to_string() + " does not exist (" + std::to_string(n) + " devices)");
+  if (bytes == 0) return Status(ErrorCode::kInvalidArgument, "cannot allocate 0 bytes");
+  void* ptr = nullptr;
+  if (p->dev->mem_alloc(p->state, device.index, bytes, alloc_kind_code(kind), &ptr) != 0 || !ptr)
+    return Status(ErrorCode::kNoMemory, "allocating " + std::to_string(bytes) + " bytes on " + device.to_string() + " failed: " + provider_error(*p));
+  {
+    std::lock_guard lock(mu_);
+    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index};
+  }
+  return Memory(this, device, ptr, bytes, kind);
+}
+
+void ContextImpl::free(const DeviceId& device, void* ptr) {
+  LoadedProvider* p = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == allocations_.end()) return;
+    p = it->second.provider;
+    allocations_.erase(it);
+  }
+  if (p->dev->mem_free(p->state, device.index, ptr) != 0)
+    HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*p));
+}
+
+LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto it = allocations_.upper_bound(addr);
+  if (it != allocations_.begin()) {
+    --it;
+    if (addr < it->first + it->second.bytes) return it->second.provider;
+  }
+  return registry_->device("cpu");
+}
+
+DeviceId ContextImpl::device_of(const void* ptr) const {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto it = allocations_.upper_bound(addr);
+  if (it != allocations_.begin()) {
+    --it;
+    if (addr < it->first + it->second.bytes) return {it->second.provider->name, it->second.device};
+  }
+  return {"cpu", 0};
+}
+
+Status ContextImpl::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return {};
+  if (!dst || !src) return {ErrorCode::kInvalidArgument, "copy with a null pointer"};
+  LoadedProvider* pd = provider_of(dst);
+  LoadedProvider* ps = provider_of(src);
+  // A vendor provider copies host<->its device and within itself; cpu only host<->host.
+  LoadedProvider* p = pd->name != "cpu" ? pd : ps;
+  if (pd->name != "cpu" && ps->name != "cpu" && pd != ps)
+    return {ErrorCode::kUnsupported, "copy between devices of two providers (" + pd->name + ", " + ps->name + ") needs host staging"};
+  if (p->dev->copy(p->state, dst, src, bytes, nullptr) != 0)
+    return {ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes by " + p->name + " failed: " + provider_error(*p)};
+  return {};
+}
+
+Status ContextImpl::reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0) return {};
+  LoadedProvider* p = provider_of(dst);
+  if (!(p->dev->caps & HMC_DEV_CAP_REDUCE)) return {ErrorCode::kUnsupported, "provider " + p->name + " cannot reduce"};
+  if (p->dev->reduce(p->state, dst, a, b, count, static_cast<int>(dtype), static_cast<int>(op), nullptr) != 0)
+    return {ErrorCode::kInternal, "reduce on " + p->name + " failed: " + provider_error(*p)};
+  return {};
+}
+
+Status ContextImpl::divide(void* buf, std::size_t count, DataType dtype, uint64_t divisor) {
+  if (count == 0) return {};
+  LoadedProvider* p = provider_of(buf);
+  if (!(p->dev->caps & HMC_DEV_CAP_REDUCE)) return {ErrorCode::kUnsupported, "provider " + p->name + " cannot divide"};
+  if (p->dev->divide(p->state, buf, count, static_cast<int>(dtype), divisor, nullptr) != 0)
+    return {ErrorCode::kInternal, "divide on " + p->name + " failed: " + provider_error(*p)};
+  return {};
+}
+
+Status ContextImpl::start_root(const std::string& host, uint16_t port, const Secret& secret) {
+  auto root = BootstrapRoot::start(host, port, secret);
+  if (!root) return root.status();
+  std::lock_guard lock(mu_);
+  roots_.push_back(std::move(root.value()));
+  return {};
+}
+
+Result<UniqueId> ContextImpl::create_unique_id() {
+  UniqueId id;
+  std::random_device rd;
+  for (auto& b : id.secret) b = static_cast<uint8_t>(rd());
+  auto root = BootstrapRoot::start("", 0, id.secret);
+  if (!root) return root.status();
+  std::string host = config_.str("HMC_BOOTSTRAP_ADDR");
+  if (host.empty()) host = hostname_ipv4();
+  id.root = host + ":" + std::to_string(root.value()->port());
+  std::lock_guard lock(mu_);
+  roots_.push_back(std::move(root.value()));
+  return id;
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,69 @@
+// ContextImpl: the engine behind hmc::Context — config, providers, memory, progress.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/config.h"
+#include "core/plugin_registry.h"
+#include "core/progress.h"
+#include "hmc/context.h"
+
+namespace hmc::core {
+
+
+class ContextImpl {
+ public:
+  static Result<std::unique_ptr<ContextImpl>> create(const ContextOptions& options);
+  ~ContextImpl();
+
+  Config& config() { return config_; }
+  PluginRegistry& registry() { return *registry_; }
+  const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  Clock::time_point deadline() const { return Clock::now() + timeout_; }
+
+  std::vector<DeviceInfo> devices() const;
+  Result<Memory> alloc(const DeviceId& device, std::size_t bytes, AllocKind kind);
+  void free(const DeviceId& device, void* ptr);
+  Status copy(void* dst, const void* src, std::size_t bytes);
+  DeviceId device_of(const void* ptr) const;
+  // The device provider that owns `ptr` (cpu for plain host memory).
+  LoadedProvider* provider_of(const void* ptr) const;
+
+  // dst = a op b elementwise, on the device of dst (collectives use this).
+  Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op);
+  Status divide(void* buf, std::size_t count, DataType dtype, uint64_t divisor);
+
+  Result<UniqueId> create_unique_id();
+  // Starts a bootstrap root on host:port for from_env's rank 0; kept alive with the context.
+  Status start_root(const std::string& host, uint16_t port, const Secret& secret);
+
+  // This host's identity: HMC_HOST_ID, else hostname + boot id.
+  const std::string& host_id() const { return host_id_; }
+
+ private:
+  ContextImpl() = default;
+  struct Allocation {
+    std::size_t bytes;
+    LoadedProvider* provider;
+    int device;
+  };
+  Config config_;
+  std::shared_ptr<ProgressEngine> engine_ = std::make_shared<ProgressEngine>();
+  std::unique_ptr<PluginRegistry> registry_;
+  std::chrono::milliseconds timeout_{60000};
+  std::string host_id_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
+  std::vector<std::unique_ptr<BootstrapRoot>> roots_;
+};
+
+// Reads provider `p`'s last error for messages.
+std::string provider_error(const LoadedProvider& p);
+
+}  // namespace hmc::core

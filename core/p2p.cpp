@@ -1,0 +1,365 @@
+// CommImpl point-to-point engine: tag matching, eager and rendezvous, puts, progress.
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/comm_impl.h"
+#include "core/log.h"
+
+namespace hmc::core {
+namespace {
+
+Status from_provider(int rc, const char* msg, const std::string& who) {
+  ErrorCode code = ErrorCode::kInternal;
+  switch (rc) {
+    case HMC_PROV_ERR_PEER_LOST: code = ErrorCode::kPeerLost; break;
+    case HMC_PROV_ERR_CLOSED: code = ErrorCode::kAborted; break;
+    case HMC_PROV_ERR_OUT_OF_BOUNDS: code = ErrorCode::kOutOfBounds; break;
+    case HMC_PROV_ERR_TRUNCATED: code = ErrorCode::kMismatch; break;
+    case HMC_PROV_ERR_INVALID: code = ErrorCode::kInvalidArgument; break;
+    case HMC_PROV_ERR_NO_MEMORY: code = ErrorCode::kNoMemory; break;
+    case HMC_PROV_ERR_REFUSED: code = ErrorCode::kRefused; break;
+    default: break;
+  }
+  std::string text = msg && *msg ? msg : "provider error " + std::to_string(rc);
+  if (code == ErrorCode::kPeerLost && text.rfind("peer lost", 0) == 0) text = text.substr(std::min<std::size_t>(text.size(), 11));
+  return {code, who + ": " + text};
+}
+
+std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t tag) {
+  return "receive of " + std::to_string(posted) + " bytes from rank " + std::to_string(peer) + " (tag " +
+         std::to_string(tag) + ") matched a message of " + std::to_string(got) + " bytes";
+}
+
+}  // namespace
+
+void CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what) {
+  if (rc != 0 || !req) {
+    Status s = from_provider(rc, nullptr, std::string(what) + " to " + describe(p));
+    done(s);
+    if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
+    return;
+  }
+  p.inflight.push_back({req, std::move(done)});
+}
+
+void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
+                        const void* payload, std::size_t payload_len, std::function<void(const Status&)> done) {
+  auto msg = std::make_shared<std::vector<uint8_t>>(sizeof(WireHeader) + payload_len);
+  WireHeader h{kWireMagic, static_cast<uint32_t>(type), tag, id, size, aux};
+  std::memcpy(msg->data(), &h, sizeof(h));
+  if (payload_len) std::memcpy(msg->data() + sizeof(h), payload, payload_len);
+  void* req = nullptr;
+  int rc = p.net->net->send_msg(p.net->state, p.conn, msg->data(), msg->size(), &req);
+  track(p, rc, req, [msg, done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
+}
+
+void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
+  slot.req = nullptr;
+  int rc = p.net->net->recv_msg(p.net->state, p.conn, slot.buf.data(), slot.buf.size(), &slot.req);
+  if (rc != 0) {
+    slot.req = nullptr;
+    mark_lost(p, from_provider(rc, nullptr, "receive from " + describe(p)));
+  }
+}
+
+std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, int peer, uint64_t tag) {
+  std::lock_guard lock(mu_);
+  if (Status s = usable(); !s.ok()) return Operation::failed(s);
+  Peer& p = peers_[peer];
+  if (!p.lost.ok()) return Operation::failed(p.lost);
+  auto op = std::make_shared<Operation>(ctx_.engine());
+  const auto* data = static_cast<const uint8_t*>(buf);
+  if (!p.net) {  // self: deliver like an eager message that never leaves the process
+    for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
+      if (it->tag != tag) continue;
+      RecvOp r = std::move(*it);
+      p.posted.erase(it);
+      deliver_eager(p, r, data, bytes);
+      if (r.op->status().code() == ErrorCode::kMismatch) op->fail(r.op->status());
+      else op->complete(bytes);
+      return op;
+    }
+    p.unexpected.push_back({MsgType::kEager, tag, bytes, 0, std::vector<uint8_t>(data, data + bytes)});
+    op->complete(bytes);
+    return op;
+  }
+  if (bytes <= eager_limit_) {
+    post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, [op, bytes](const Status& s) {
+      if (s.ok()) op->complete(bytes);
+      else op->fail(s);
+    });
+    return op;
+  }
+  uint64_t id = next_id_++;
+  p.rndv_sends[id] = {op, data, bytes};
+  post_msg(p, MsgType::kRts, tag, id, bytes, 0, nullptr, 0, [op](const Status& s) { if (!s.ok()) op->fail(s); });
+  return op;
+}
+
+std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int peer, uint64_t tag) {
+  std::lock_guard lock(mu_);
+  if (Status s = usable(); !s.ok()) return Operation::failed(s);
+  Peer& p = peers_[peer];
+  auto op = std::make_shared<Operation>(ctx_.engine());
+  RecvOp r{op, static_cast<uint8_t*>(buf), bytes, tag, next_id_++};
+  for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
+    if (it->tag != tag) continue;
+    Unexpected u = std::move(*it);
+    p.unexpected.erase(it);
+    if (u.type == MsgType::kEager) deliver_eager(p, r, u.data.data(), u.size);
+    else start_rndv_recv(p, std::move(r), u.sender_id, u.size);
+    return op;
+  }
+  if (!p.lost.ok()) return Operation::failed(p.lost);  // nothing buffered and nothing more will come
+  p.posted.push_back(std::move(r));
+  return op;
+}
+
+void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size) {
+  if (size != r.bytes) {
+    r.op->fail({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
+    return;
+  }
+  if (size) std::memcpy(r.buf, data, size);
+  r.op->complete(size);
+}
+
+void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size) {
+  auto refuse = [&](Status why) {
+    std::string text = why.message();
+    post_msg(p, MsgType::kNak, 0, sender_id, size, static_cast<uint64_t>(why.code()), text.data(), text.size(), nullptr);
+    r.op->fail(std::move(why));
+  };
+  if (size != r.bytes) return refuse({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
+  if (int rc = p.net->net->reg_mem(p.net->state, r.buf, size, HMC_MEM_HOST, &r.mr); rc != 0)
+    return refuse(from_provider(rc, nullptr, "registering the receive buffer with " + p.net->name));
+  std::vector<uint8_t> rkey(HMC_NET_RKEY_MAX);
+  std::size_t len = 0;
+  if (int rc = p.net->net->pack_rkey(p.net->state, r.mr, rkey.data(), rkey.size(), &len); rc != 0) {
+    p.net->net->dereg_mem(p.net->state, r.mr);
+    return refuse(from_provider(rc, nullptr, "packing a remote key with " + p.net->name));
+  }
+  uint64_t id = r.id;
+  auto op = r.op;
+  p.rndv_recvs[id] = std::move(r);
+  post_msg(p, MsgType::kCts, 0, sender_id, size, id, rkey.data(), len, [op](const Status& s) { if (!s.ok()) op->fail(s); });
+}
+
+void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len) {
+  auto it = p.rndv_sends.find(h.id);
+  if (it == p.rndv_sends.end()) return;
+  SendOp s = it->second;
+  p.rndv_sends.erase(it);
+  // Two parts: the put and the FIN behind it; the send is done when both are.
+  auto parts = std::make_shared<int>(2);
+  auto op = s.op;
+  auto part_done = [op, parts, bytes = s.bytes](const Status& st) {
+    if (!st.ok()) op->fail(st);
+    else if (--*parts == 0) op->complete(bytes);
+  };
+  void* req = nullptr;
+  int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
+  track(p, rc, req, part_done, "put");
+  post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
+}
+
+void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
+  WireHeader h;
+  if (len < sizeof(h)) return mark_lost(p, {ErrorCode::kInternal, "short control message from " + describe(p)});
+  std::memcpy(&h, buf, sizeof(h));
+  const uint8_t* payload = buf + sizeof(h);
+  std::size_t payload_len = len - sizeof(h);
+  if (h.magic != kWireMagic) return mark_lost(p, {ErrorCode::kInternal, "garbled control message from " + describe(p)});
+  switch (static_cast<MsgType>(h.type)) {
+    case MsgType::kEager:
+    case MsgType::kRts: {
+      bool eager = static_cast<MsgType>(h.type) == MsgType::kEager;
+      for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
+        if (it->tag != h.tag) continue;
+        RecvOp r = std::move(*it);
+        p.posted.erase(it);
+        if (eager) deliver_eager(p, r, payload, payload_len);
+        else start_rndv_recv(p, std::move(r), h.id, h.size);
+        return;
+      }
+      p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id,
+                              eager ? std::vector<uint8_t>(payload, payload + payload_len) : std::vector<uint8_t>{}});
+      return;
+    }
+    case MsgType::kCts: return on_cts(p, h, payload, payload_len);
+    case MsgType::kFin: {
+      auto it = p.rndv_recvs.find(h.id);
+      if (it == p.rndv_recvs.end()) return;
+      p.net->net->dereg_mem(p.net->state, it->second.mr);
+      it->second.op->complete(h.size);
+      p.rndv_recvs.erase(it);
+      return;
+    }
+    case MsgType::kNak: {
+      auto it = p.rndv_sends.find(h.id);
+      if (it == p.rndv_sends.end()) return;
+      it->second.op->fail({static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " refused the message: " +
+                                                              std::string(payload, payload + payload_len)});
+      p.rndv_sends.erase(it);
+      return;
+    }
+    case MsgType::kNotify: p.notifications.push_back(h.aux); return;
+  }
+  HMC_LOG("core", warn, "unknown control message type {} from {}", h.type, describe(p));
+}
+
+void CommImpl::mark_lost(Peer& p, Status why) {
+  if (!p.lost.ok()) return;
+  if (why.code() != ErrorCode::kPeerLost && why.code() != ErrorCode::kAborted)
+    why = {ErrorCode::kPeerLost, why.message()};
+  if (why.message().find("rank " + std::to_string(p.rank)) == std::string::npos)
+    why = {why.code(), describe(p) + ": " + why.message()};
+  HMC_LOG("core", warn, "peer lost: {}", why.message());
+  p.lost = why;
+  for (auto& r : p.posted) r.op->fail(why);
+  for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
+  for (auto& [id, r] : p.rndv_recvs) {
+    p.net->net->dereg_mem(p.net->state, r.mr);
+    r.op->fail(why);
+  }
+  p.posted.clear();
+  p.rndv_sends.clear();
+  p.rndv_recvs.clear();
+  if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
+}
+
+bool CommImpl::progress_peer(Peer& p) {
+  bool any = false;
+  char message[256];
+  if (!p.inflight.empty()) {
+    auto current = std::move(p.inflight);
+    p.inflight.clear();
+    for (auto& f : current) {
+      int done = 0;
+      std::size_t bytes = 0;
+      message[0] = 0;
+      int rc = p.net->net->test(p.net->state, f.req, &done, &bytes, message, sizeof(message));
+      if (rc == 0 && !done) { p.inflight.push_back(std::move(f)); continue; }
+      any = true;
+      Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
+      f.done(s);
+      if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
+    }
+  }
+  while (!p.ctrl.empty()) {
+    CtrlSlot& slot = p.ctrl[p.next_ctrl];
+    if (!slot.req) break;
+    int done = 0;
+    std::size_t bytes = 0;
+    message[0] = 0;
+    int rc = p.net->net->test(p.net->state, slot.req, &done, &bytes, message, sizeof(message));
+    if (rc == 0 && !done) break;
+    any = true;
+    slot.req = nullptr;
+    if (rc != 0) {
+      mark_lost(p, from_provider(rc, message, describe(p)));
+      p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
+      continue;
+    }
+    handle_msg(p, slot.buf.data(), bytes);
+    if (p.lost.ok()) post_ctrl_recv(p, slot);
+    p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
+  }
+  return any;
+}
+
+bool CommImpl::progress() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || state_.load() != 0) return false;
+  if (lost_changed_.exchange(false)) {
+    for (int r : bootstrap_->lost_peers())
+      if (r != rank_) mark_lost(peers_[r], {ErrorCode::kPeerLost, describe(peers_[r]) + " left the job (control plane lost it)"});
+  }
+  bool any = false;
+  for (auto& p : peers_)
+    if (p.net) any |= progress_peer(p);
+  return any;
+}
+
+Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  HMC_RETURN_IF_ERROR(usable());
+  if (!ptr || bytes == 0) return Status(ErrorCode::kInvalidArgument, "register_memory needs a non-null pointer and a size > 0");
+  auto reg = std::make_unique<Registration>(ptr, bytes);
+  int kind = ctx_.device_of(ptr).provider == "cpu" ? HMC_MEM_HOST : HMC_MEM_DEVICE;
+  std::vector<LoadedProvider*> used;
+  for (auto& p : peers_)
+    if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);
+  for (LoadedProvider* n : used) HMC_RETURN_IF_ERROR(reg->add(n, kind));
+  return MemoryRegion(std::move(reg));
+}
+
+std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
+                                         uint64_t offset, std::optional<uint64_t> notify) {
+  std::lock_guard lock(mu_);
+  if (Status s = usable(); !s.ok()) return Operation::failed(s);
+  Peer& p = peers_[peer];
+  if (!p.lost.ok()) return Operation::failed(p.lost);
+  auto k = unpack_key(key.bytes);
+  if (!k) return Operation::failed(k.status());
+  if (offset > k->region_bytes || bytes > k->region_bytes - offset)
+    return Operation::failed({ErrorCode::kOutOfBounds, "put of " + std::to_string(bytes) + " bytes at offset " +
+                                                           std::to_string(offset) + " overruns the peer's region of " +
+                                                           std::to_string(k->region_bytes) + " bytes"});
+  auto op = std::make_shared<Operation>(ctx_.engine());
+  if (!p.net) {  // self: the key's "self" entry is {pid, address}
+    const auto* self = k->find("self");
+    int64_t pid = 0;
+    uint64_t addr = 0;
+    if (!self || self->size() != 16) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});
+    std::memcpy(&pid, self->data(), 8);
+    std::memcpy(&addr, self->data() + 8, 8);
+    if (pid != getpid()) return Operation::failed({ErrorCode::kInvalidArgument, "remote key belongs to another process, not this rank"});
+    if (bytes) std::memcpy(reinterpret_cast<uint8_t*>(addr) + offset, src, bytes);
+    if (notify) p.notifications.push_back(*notify);
+    op->complete(bytes);
+    return op;
+  }
+  const auto* rkey = k->find(p.path.provider);
+  if (!rkey) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no entry for " + p.path.provider +
+                                                                         " (registered by another communicator?)"});
+  auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
+  if (*parts == 0) {
+    op->complete(0);
+    return op;
+  }
+  auto part_done = [op, parts, bytes](const Status& st) {
+    if (!st.ok()) op->fail(st);
+    else if (--*parts == 0) op->complete(bytes);
+  };
+  if (bytes) {
+    void* req = nullptr;
+    int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
+    track(p, rc, req, part_done, "put");
+  }
+  if (notify) post_msg(p, MsgType::kNotify, 0, 0, 0, *notify, nullptr, 0, part_done);
+  return op;
+}
+
+Result<uint64_t> CommImpl::wait_notify(int peer, Clock::time_point deadline) {
+  uint64_t value = 0;
+  Status failure;
+  bool got = ctx_.engine()->wait_until([&] {
+    std::lock_guard lock(mu_);
+    if (Status s = usable(); !s.ok()) { failure = s; return true; }
+    Peer& p = peers_[peer];
+    if (!p.notifications.empty()) {
+      value = p.notifications.front();
+      p.notifications.pop_front();
+      return true;
+    }
+    if (!p.lost.ok()) { failure = p.lost; return true; }
+    return false;
+  }, deadline);
+  if (!failure.ok()) return failure;
+  if (!got) return Status(ErrorCode::kTimeout, "no notification from rank " + std::to_string(peer) + " before the deadline");
+  return value;
+}
+
+}  // namespace hmc::core

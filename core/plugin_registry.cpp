@@ -1,0 +1,283 @@
+#include "core/plugin_registry.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/progress.h"
+
+extern "C" const hmc_device_provider_t* hmc_builtin_device_cpu(void);
+
+namespace hmc::core {
+namespace fs = std::filesystem;
+
+struct PluginRegistry::Candidate {
+  std::string kind;  // "device" or "net"
+  std::string name;
+  std::string path;  // empty for built-ins
+};
+
+namespace {
+
+void host_log(void* host, int level, const char* provider, const char* message) {
+  auto* p = static_cast<LoadedProvider*>(host);
+  auto lvl = static_cast<spdlog::level::level_enum>(level < 0 ? 0 : level > 4 ? 4 : level);
+  logger(p ? p->log_name : std::string("prov.") + (provider ? provider : "?"))->log(lvl, "{}", message ? message : "");
+}
+
+int host_config_get(void* host, const char* name, char* value, size_t value_len) {
+  auto* p = static_cast<LoadedProvider*>(host);
+  if (!p || !name || !value) return HMC_PROV_ERR_INVALID;
+  auto v = p->config->text(name);
+  if (!v || (!p->config->is_set(name) && v->empty())) return 1;
+  if (v->size() + 1 > value_len) return HMC_PROV_ERR_INVALID;
+  std::memcpy(value, v->c_str(), v->size() + 1);
+  return 0;
+}
+
+void host_wake(void* host) {
+  auto* p = static_cast<LoadedProvider*>(host);
+  if (p && p->engine) p->engine->wake();
+}
+
+std::string libhmc_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&libhmc_dir), &info) && info.dli_fname)
+    return fs::path(info.dli_fname).parent_path().string();
+  return {};
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Capability bits that promise function pointers: a set bit with a NULL pointer is a broken plugin.
+std::string check_device_table(const hmc_device_provider_t* t) {
+  if (!t->init || !t->fini || !t->last_error || !t->device_count || !t->device_info || !t->mem_alloc ||
+      !t->mem_free || !t->copy)
+    return "a mandatory function (init, fini, last_error, device_count, device_info, mem_alloc, mem_free, copy) is NULL";
+  auto need = [&](uint64_t bit, bool ok, const char* what) -> std::string {
+    return (t->caps & bit) && !ok ? std::string("capability ") + what + " set but its functions are NULL" : "";
+  };
+  for (auto msg : {need(HMC_DEV_CAP_STREAMS, t->stream_create && t->stream_destroy && t->stream_query && t->event_create &&
+                                                 t->event_destroy && t->event_record && t->stream_wait_event && t->event_query, "streams"),
+                   need(HMC_DEV_CAP_REDUCE, t->reduce && t->divide, "reduce"),
+                   need(HMC_DEV_CAP_IPC, t->ipc_export && t->ipc_import && t->ipc_close, "ipc"),
+                   need(HMC_DEV_CAP_DMABUF, t->dmabuf_export, "dmabuf"),
+                   need(HMC_DEV_CAP_PEER_ACCESS, t->peer_access, "peer_access")})
+    if (!msg.empty()) return msg;
+  return {};
+}
+
+std::string check_net_table(const hmc_net_provider_t* t) {
+  if (!t->init || !t->fini || !t->props || !t->listen || !t->close_listener || !t->connect || !t->conn_status ||
+      !t->accept || !t->close_conn || !t->test)
+    return "a mandatory function (init, fini, props, listen, close_listener, connect, conn_status, accept, close_conn, test) is NULL";
+  if ((t->caps & HMC_NET_CAP_MSG) == 0 || !t->send_msg || !t->recv_msg)
+    return "capability msg is required (send_msg/recv_msg)";
+  if ((t->caps & HMC_NET_CAP_PUT) && !(t->reg_mem && t->dereg_mem && t->pack_rkey && t->put))
+    return "capability put set but its functions are NULL";
+  return {};
+}
+
+}  // namespace
+
+std::vector<std::string> device_cap_names(uint64_t caps) {
+  static const std::pair<uint64_t, const char*> kNames[] = {
+      {HMC_DEV_CAP_DEVICE_MEM, "device_mem"}, {HMC_DEV_CAP_PINNED_HOST, "pinned_host"},
+      {HMC_DEV_CAP_SHAREABLE, "shareable"},   {HMC_DEV_CAP_STREAMS, "streams"},
+      {HMC_DEV_CAP_REDUCE, "reduce"},         {HMC_DEV_CAP_IPC, "ipc"},
+      {HMC_DEV_CAP_DMABUF, "dmabuf"},         {HMC_DEV_CAP_PEER_ACCESS, "peer_access"}};
+  std::vector<std::string> out;
+  for (auto& [bit, name] : kNames)
+    if (caps & bit) out.push_back(name);
+  return out;
+}
+
+std::vector<std::string> net_cap_names(uint64_t caps) {
+  static const std::pair<uint64_t, const char*> kNames[] = {
+      {HMC_NET_CAP_MSG, "msg"},           {HMC_NET_CAP_PUT, "put"},
+      {HMC_NET_CAP_REMOTE, "remote"},     {HMC_NET_CAP_SAME_HOST, "same_host"},
+      {HMC_NET_CAP_MEM_HOST, "mem_host"}, {HMC_NET_CAP_MEM_DMABUF, "mem_dmabuf"},
+      {HMC_NET_CAP_MEM_PEER, "mem_peer"}, {HMC_NET_CAP_SINGLE_COPY, "single_copy"}};
+  std::vector<std::string> out;
+  for (auto& [bit, name] : kNames)
+    if (caps & bit) out.push_back(name);
+  return out;
+}
+
+LoadedProvider::~LoadedProvider() {
+  if (state) {
+    if (dev) dev->fini(state);
+    if (net) net->fini(state);
+  }
+  if (dl) dlclose(dl);
+}
+
+PluginRegistry::~PluginRegistry() {
+  nets_.clear();  // nets may hold registrations of device memory: finalise them first
+  devices_.clear();
+}
+
+Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, ProgressEngine& engine) {
+  auto reg = std::unique_ptr<PluginRegistry>(new PluginRegistry());
+  for (auto& d : split(config.str("HMC_PROVIDER_PATH"), ':')) reg->search_path_.push_back(d);
+  if (auto here = libhmc_dir(); !here.empty()) reg->search_path_.push_back(here);
+
+  // Discovery: file names only, first of a name wins, built-ins last.
+  std::vector<Candidate> found;
+  std::set<std::string> seen;
+  for (const auto& dir : reg->search_path_) {
+    std::error_code ec;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::string file = f.filename().string();
+      for (std::string kind : {"device", "net"}) {
+        std::string prefix = "libhmc-" + kind + "-";
+        if (file.rfind(prefix, 0) != 0 || file.size() <= prefix.size() + 3 || file.substr(file.size() - 3) != ".so")
+          continue;
+        std::string name = file.substr(prefix.size(), file.size() - prefix.size() - 3);
+        if (seen.insert(kind + "/" + name).second) found.push_back({kind, name, f.string()});
+      }
+    }
+  }
+  if (seen.insert("device/cpu").second) found.push_back({"device", "cpu", ""});
+
+  // Selection.
+  std::set<std::string> wanted, excluded;
+  for (auto& item : split(config.str("HMC_PROVIDERS"), ',')) {
+    if (item[0] == '^') excluded.insert(item.substr(1));
+    else wanted.insert(item);
+  }
+  for (const auto& w : wanted) {
+    bool exists = std::any_of(found.begin(), found.end(), [&](const Candidate& c) { return c.name == w; });
+    if (!exists) {
+      std::string dirs;
+      for (auto& d : reg->search_path_) dirs += (dirs.empty() ? "" : ", ") + d;
+      return Status(ErrorCode::kNotFound, "HMC_PROVIDERS names '" + w + "' but no provider of that name was found (searched: " + dirs + ")");
+    }
+  }
+  for (const auto& c : found) {
+    bool selected = (wanted.empty() || wanted.count(c.name)) && !excluded.count(c.name);
+    // The cpu device provider serves host memory for everything else: keep it unless excluded by name.
+    if (c.kind == "device" && c.name == "cpu" && !excluded.count("cpu")) selected = true;
+    if (!selected) {
+      reg->report_.push_back({c.name, c.kind, c.path.empty() ? "built-in" : c.path, 0, 0, {}, false,
+                              "not selected (HMC_PROVIDERS=" + config.str("HMC_PROVIDERS") + ")"});
+      continue;
+    }
+    HMC_RETURN_IF_ERROR(reg->load_one(c, config, engine));
+  }
+  for (const auto& name : config.unclaimed())
+    HMC_LOG("core", warn, "unknown setting {} in the environment is ignored (hmc-probe config lists them all)", name);
+  return reg;
+}
+
+Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngine& engine) {
+  ProviderInfo info{c.name, c.kind, c.path.empty() ? "built-in" : c.path, 0, 0, {}, false, ""};
+  auto refuse = [&](std::string why) {
+    info.reason = std::move(why);
+    HMC_LOG("core", info, "provider {} ({}) not used: {}", c.name, info.origin, info.reason);
+    report_.push_back(info);
+    return Status{};
+  };
+  auto p = std::make_unique<LoadedProvider>();
+  p->name = c.name;
+  p->origin = info.origin;
+  p->log_name = "prov." + c.name;
+  p->config = &config;
+  p->engine = &engine;
+  const void* table = nullptr;
+  if (c.path.empty()) {
+    table = hmc_builtin_device_cpu();
+  } else {
+    p->dl = dlopen(c.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!p->dl) return refuse(std::string("unavailable: cannot load: ") + dlerror());
+    const char* entry = c.kind == "device" ? HMC_DEVICE_ENTRY_V1 : HMC_NET_ENTRY_V1;
+    void* sym = dlsym(p->dl, entry);
+    if (!sym) return refuse(std::string("refused: no entry symbol ") + entry + " (not an HMC provider, or a different ABI)");
+    if (c.kind == "device") table = reinterpret_cast<hmc_device_entry_v1_fn>(sym)();
+    else table = reinterpret_cast<hmc_net_entry_v1_fn>(sym)();
+    if (!table) return refuse("refused: entry returned no table");
+  }
+  // struct_size and abi_version are the first two fields of both tables.
+  struct Head { size_t struct_size; uint32_t abi_version; const char* name; uint64_t caps; };
+  const auto* head = static_cast<const Head*>(table);
+  uint32_t want_abi = c.kind == "device" ? HMC_DEVICE_ABI_VERSION : HMC_NET_ABI_VERSION;
+  size_t want_size = c.kind == "device" ? sizeof(hmc_device_provider_t) : sizeof(hmc_net_provider_t);
+  info.abi_version = head->abi_version;
+  info.caps = head->caps;
+  if (head->abi_version != want_abi)
+    return refuse("refused: ABI version " + std::to_string(head->abi_version) + ", this libhmc speaks " + std::to_string(want_abi));
+  if (head->struct_size < want_size)
+    return refuse("refused: table of " + std::to_string(head->struct_size) + " bytes, ABI v" + std::to_string(want_abi) + " needs " + std::to_string(want_size));
+  if (!head->name || c.name != head->name)
+    return refuse(std::string("refused: file says '") + c.name + "' but the table names '" + (head->name ? head->name : "(null)") + "'");
+  std::string bad;
+  const hmc_param_t* params = nullptr;
+  size_t num_params = 0;
+  if (c.kind == "device") {
+    p->dev = static_cast<const hmc_device_provider_t*>(table);
+    bad = check_device_table(p->dev);
+    params = p->dev->params;
+    num_params = p->dev->num_params;
+    info.cap_names = device_cap_names(head->caps);
+  } else {
+    p->net = static_cast<const hmc_net_provider_t*>(table);
+    bad = check_net_table(p->net);
+    params = p->net->params;
+    num_params = p->net->num_params;
+    info.cap_names = net_cap_names(head->caps);
+  }
+  if (!bad.empty()) return refuse("refused: " + bad);
+  HMC_RETURN_IF_ERROR(config.add_params(c.name, params, num_params));
+
+  p->services = {sizeof(hmc_host_services_t), p.get(), host_log, host_config_get, host_wake};
+  char reason[512] = {0};
+  int rc = c.kind == "device" ? p->dev->init(&p->services, &p->state, reason, sizeof(reason))
+                              : p->net->init(&p->services, &p->state, reason, sizeof(reason));
+  if (rc != HMC_PROV_OK) {
+    p->state = nullptr;
+    std::string why = reason[0] ? reason : "init failed with code " + std::to_string(rc);
+    return refuse("unavailable: " + why);
+  }
+  if (p->dev) {
+    int n = 0;
+    if (p->dev->device_count(p->state, &n) != 0 || n <= 0) return refuse("unavailable: no device");
+    info.available = true;
+    report_.push_back(info);
+    devices_.push_back(std::move(p));
+  } else {
+    p->net_props.struct_size = sizeof(hmc_net_props_t);
+    if (p->net->props(p->state, &p->net_props) != 0) return refuse("unavailable: props query failed");
+    info.available = true;
+    report_.push_back(info);
+    nets_.push_back(std::move(p));
+  }
+  return {};
+}
+
+LoadedProvider* PluginRegistry::device(const std::string& name) const {
+  for (auto& p : devices_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
+LoadedProvider* PluginRegistry::net(const std::string& name) const {
+  for (auto& p : nets_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,68 @@
+// PluginRegistry: finds, selects, validates and loads device and net providers.
+//
+// Discovery is cheap (file names only): HMC_PROVIDER_PATH folders first, then the folder
+// holding libhmc, then the providers built into libhmc. The first provider of a name wins.
+// HMC_PROVIDERS selects ('a,b') and excludes ('^c'). Only selected providers are dlopen'ed,
+// validated (struct size, ABI version, name, capability bits against function pointers)
+// and initialised; every refusal is recorded with its reason for hmc-probe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "hmc/context.h"
+#include "hmc/provider/device.h"
+#include "hmc/provider/net.h"
+#include "hmc/status.h"
+
+namespace hmc::core {
+
+class ProgressEngine;
+
+// A loaded, initialised provider; finalises and unloads itself (RAII).
+struct LoadedProvider {
+  std::string name;
+  std::string origin;
+  void* dl = nullptr;  // dlopen handle; null for built-ins
+  void* state = nullptr;
+  const hmc_device_provider_t* dev = nullptr;
+  const hmc_net_provider_t* net = nullptr;
+  hmc_net_props_t net_props{};
+  hmc_host_services_t services{};
+  std::string log_name;  // "prov.<name>"
+  Config* config = nullptr;
+  ProgressEngine* engine = nullptr;
+  ~LoadedProvider();
+};
+
+class PluginRegistry {
+ public:
+  // `host` is passed to providers as their host services context (Config + wake).
+  static Result<std::unique_ptr<PluginRegistry>> load(Config& config, ProgressEngine& engine);
+  ~PluginRegistry();
+
+  const std::vector<std::unique_ptr<LoadedProvider>>& devices() const { return devices_; }
+  const std::vector<std::unique_ptr<LoadedProvider>>& nets() const { return nets_; }
+  LoadedProvider* device(const std::string& name) const;
+  LoadedProvider* net(const std::string& name) const;
+  // Every provider seen, loaded or not, with the reason when not.
+  const std::vector<ProviderInfo>& report() const { return report_; }
+  // The folders searched, in order (for messages).
+  const std::vector<std::string>& search_path() const { return search_path_; }
+
+ private:
+  struct Candidate;
+  Status load_one(const Candidate& c, Config& config, ProgressEngine& engine);
+
+  std::vector<std::unique_ptr<LoadedProvider>> devices_;
+  std::vector<std::unique_ptr<LoadedProvider>> nets_;
+  std::vector<ProviderInfo> report_;
+  std::vector<std::string> search_path_;
+};
+
+std::vector<std::string> device_cap_names(uint64_t caps);
+std::vector<std::string> net_cap_names(uint64_t caps);
+
+}  // namespace hmc::core

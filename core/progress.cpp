@@ -1,0 +1,91 @@
+#include "core/progress.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace hmc::core {
+
+void ProgressEngine::add(Progressable* p) {
+  std::lock_guard lock(mu_);
+  items_.push_back(p);
+}
+
+void ProgressEngine::remove(Progressable* p) {
+  std::lock_guard lock(mu_);
+  items_.erase(std::remove(items_.begin(), items_.end(), p), items_.end());
+}
+
+void ProgressEngine::add_poller(std::function<bool()> poll) {
+  std::lock_guard lock(mu_);
+  pollers_.push_back(std::move(poll));
+}
+
+bool ProgressEngine::progress() {
+  // Copy under the lock, run without it: a communicator's progress may take a while.
+  std::vector<Progressable*> items;
+  std::vector<std::function<bool()>>* pollers;
+  {
+    std::lock_guard lock(mu_);
+    items = items_;
+    pollers = &pollers_;  // only appended to during Context creation, before any wait
+  }
+  bool any = false;
+  for (auto& poll : *pollers) any |= poll();
+  for (Progressable* p : items) any |= p->progress();
+  return any;
+}
+
+void ProgressEngine::wake() {
+  wakes_.fetch_add(1, std::memory_order_release);
+  if (sleepers_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_point deadline) {
+  constexpr int kSpins = 200;
+  int idle = 0;
+  while (true) {
+    uint64_t seen = wakes_.load(std::memory_order_acquire);
+    bool moved = progress();
+    if (done()) return true;
+    if (closed_) return done();
+    auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (moved) { idle = 0; continue; }
+    if (++idle < kSpins) { std::this_thread::yield(); continue; }
+    std::unique_lock lock(mu_);
+    sleepers_.fetch_add(1);
+    auto until = std::min(deadline, now + std::chrono::milliseconds(1));
+    cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
+    sleepers_.fetch_sub(1);
+  }
+}
+
+std::shared_ptr<Operation> Operation::failed(Status s) {
+  auto op = std::make_shared<Operation>(nullptr);
+  op->fail(std::move(s));
+  return op;
+}
+
+void Operation::complete(std::size_t bytes) {
+  if (claimed_.exchange(true)) return;
+  bytes_ = bytes;
+  state_.store(kDone, std::memory_order_release);
+  if (engine_) engine_->wake();
+}
+
+void Operation::fail(Status s) {
+  if (claimed_.exchange(true)) return;
+  status_ = std::move(s);
+  state_.store(kFailed, std::memory_order_release);
+  if (engine_) engine_->wake();
+}
+
+Status Operation::status() const {
+  if (state_.load(std::memory_order_acquire) == kFailed) return status_;
+  return {};
+}
+
+}  // namespace hmc::core

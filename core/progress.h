@@ -1,0 +1,85 @@
+// ProgressEngine and Operation: how completions reach Request::wait.
+//
+// Provider threads never call user code: they complete their own requests and call
+// host->wake(). Core state machines (tag matching, rendezvous) advance inside HMC calls:
+// every wait/test runs ProgressEngine::progress(), which polls every registered
+// Progressable (communicators) once. Waiters spin briefly, then sleep on a condition
+// variable until a wake or 1 ms passes.
+//
+// Lock order: Progressable's own mutex (taken with try_lock by progress) before
+// ProgressEngine::mu_ (held only to copy the list or to sleep).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "hmc/request.h"
+#include "hmc/status.h"
+
+namespace hmc::core {
+
+class Progressable {
+ public:
+  virtual ~Progressable() = default;
+  // Advances what it can without blocking; returns true when something happened.
+  virtual bool progress() = 0;
+};
+
+class ProgressEngine {
+ public:
+  void add(Progressable* p);
+  void remove(Progressable* p);
+  // Extra pollers (net providers' progress functions) run on every pass.
+  void add_poller(std::function<bool()> poll);
+  bool progress();
+  void wake();
+  // Runs progress until done() or the deadline; false on deadline.
+  bool wait_until(const std::function<bool()>& done, Clock::time_point deadline);
+  void close() { closed_ = true; wake(); }
+  // HMC_TIMEOUT, for Request::wait() without an argument.
+  std::chrono::milliseconds default_timeout{60000};
+  bool closed() const { return closed_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Progressable*> items_;
+  std::vector<std::function<bool()>> pollers_;
+  std::atomic<uint64_t> wakes_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> closed_{false};
+};
+
+// The shared state of one non-blocking operation.
+class Operation {
+ public:
+  explicit Operation(std::shared_ptr<ProgressEngine> engine) : engine_(std::move(engine)) {}
+  static std::shared_ptr<Operation> failed(Status s);
+
+  bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
+  // Completion and failure are idempotent: the first one wins.
+  void complete(std::size_t bytes);
+  void fail(Status s);
+  Status status() const;
+  std::size_t bytes() const { return bytes_; }
+  ProgressEngine* engine() const { return engine_.get(); }
+
+  // Number of sub-steps still to finish before complete() (e.g. put + FIN message).
+  int pending_parts = 0;
+
+ private:
+  static constexpr int kPending = 0, kDone = 1, kFailed = 2;
+  std::shared_ptr<ProgressEngine> engine_;
+  std::atomic<int> state_{kPending};
+  std::atomic<bool> claimed_{false};
+  std::size_t bytes_ = 0;
+  Status status_;
+};
+
+}  // namespace hmc::core

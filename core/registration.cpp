@@ -1,0 +1,108 @@
+#include "core/registration.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/log.h"
+
+namespace hmc::core {
+namespace {
+
+constexpr uint32_t kKeyMagic = 0x4b524d48;  // "HMRK"
+constexpr uint32_t kKeyVersion = 1;
+
+template <class T>
+void put_raw(std::vector<uint8_t>& out, T v) {
+  auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+struct Reader {
+  const std::vector<uint8_t>& b;
+  std::size_t at = 0;
+  bool ok = true;
+  template <class T>
+  T get() {
+    T v{};
+    if (at + sizeof(T) > b.size()) { ok = false; return v; }
+    std::memcpy(&v, b.data() + at, sizeof(T));
+    at += sizeof(T);
+    return v;
+  }
+  std::vector<uint8_t> bytes(std::size_t n) {
+    if (at + n > b.size()) { ok = false; return {}; }
+    std::vector<uint8_t> v(b.begin() + at, b.begin() + at + n);
+    at += n;
+    return v;
+  }
+};
+
+}  // namespace
+
+Registration::~Registration() {
+  for (auto& e : entries_)
+    if (e.net->net->dereg_mem(e.net->state, e.mr) != 0)
+      HMC_LOG("core", warn, "deregistering memory from {} failed", e.net->name);
+}
+
+Status Registration::add(LoadedProvider* net, int mem_kind) {
+  Entry e{net, nullptr, std::vector<uint8_t>(HMC_NET_RKEY_MAX)};
+  int rc = net->net->reg_mem(net->state, ptr_, bytes_, mem_kind, &e.mr);
+  if (rc != 0) return {ErrorCode::kInternal, "registering " + std::to_string(bytes_) + " bytes with " + net->name + " failed (code " + std::to_string(rc) + ")"};
+  std::size_t len = 0;
+  rc = net->net->pack_rkey(net->state, e.mr, e.rkey.data(), e.rkey.size(), &len);
+  if (rc != 0 || len > HMC_NET_RKEY_MAX) {
+    net->net->dereg_mem(net->state, e.mr);
+    return {ErrorCode::kInternal, "packing the remote key of " + net->name + " failed"};
+  }
+  e.rkey.resize(len);
+  entries_.push_back(std::move(e));
+  return {};
+}
+
+std::vector<uint8_t> Registration::pack() const {
+  std::vector<uint8_t> out;
+  put_raw(out, kKeyMagic);
+  put_raw(out, kKeyVersion);
+  put_raw<uint64_t>(out, bytes_);
+  put_raw<uint32_t>(out, static_cast<uint32_t>(entries_.size() + 1));
+  auto add = [&](const std::string& name, const std::vector<uint8_t>& key) {
+    put_raw<uint8_t>(out, static_cast<uint8_t>(name.size()));
+    out.insert(out.end(), name.begin(), name.end());
+    put_raw<uint16_t>(out, static_cast<uint16_t>(key.size()));
+    out.insert(out.end(), key.begin(), key.end());
+  };
+  std::vector<uint8_t> self;
+  put_raw<int64_t>(self, getpid());
+  put_raw<uint64_t>(self, reinterpret_cast<uintptr_t>(ptr_));
+  add("self", self);
+  for (const auto& e : entries_) add(e.net->name, e.rkey);
+  return out;
+}
+
+const std::vector<uint8_t>* UnpackedKey::find(const std::string& name) const {
+  for (const auto& [n, k] : entries)
+    if (n == name) return &k;
+  return nullptr;
+}
+
+Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes) {
+  Reader r{bytes};
+  UnpackedKey k;
+  uint32_t magic = r.get<uint32_t>();
+  uint32_t version = r.get<uint32_t>();
+  k.region_bytes = r.get<uint64_t>();
+  uint32_t n = r.get<uint32_t>();
+  if (!r.ok || magic != kKeyMagic || version != kKeyVersion || n > 64)
+    return Status(ErrorCode::kInvalidArgument, "not an HMC remote key (MemoryRegion::pack makes them)");
+  for (uint32_t i = 0; i < n && r.ok; ++i) {
+    auto name_bytes = r.bytes(r.get<uint8_t>());
+    auto key = r.bytes(r.get<uint16_t>());
+    k.entries.emplace_back(std::string(name_bytes.begin(), name_bytes.end()), std::move(key));
+  }
+  if (!r.ok) return Status(ErrorCode::kInvalidArgument, "truncated remote key");
+  return k;
+}
+
+}  // namespace hmc::core

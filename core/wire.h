@@ -1,0 +1,41 @@
+// Wire formats core puts on net providers' message channels.
+#pragma once
+
+#include <cstdint>
+
+namespace hmc::core {
+
+inline constexpr uint32_t kWireMagic = 0x31434d48;  // "HMC1"
+
+// Every control message starts with this header.
+enum class MsgType : uint32_t {
+  kEager = 1,  // tag, size; the payload follows in the same message
+  kRts,        // rendezvous request: tag, id = sender's op, size
+  kCts,        // clear to send: id = sender's op, aux = receiver's op; payload = packed rkey
+  kFin,        // rendezvous data landed: id = receiver's op, size
+  kNak,        // receiver refused: id = sender's op; payload = reason text
+  kNotify,     // put notification: aux = value
+};
+
+struct WireHeader {
+  uint32_t magic;
+  uint32_t type;
+  uint64_t tag;
+  uint64_t id;
+  uint64_t size;
+  uint64_t aux;
+};
+static_assert(sizeof(WireHeader) == 40);
+
+// First bytes on every data connection: the host's authentication.
+struct Hello {
+  char magic[8];        // "HMCHELO"
+  uint32_t version;     // kHelloVersion
+  int32_t rank;         // the connecting rank
+  uint8_t secret[16];   // the job secret
+  uint64_t comm_id;     // which communicator this connection belongs to
+  char provider[16];    // the provider both sides negotiated
+};
+inline constexpr uint32_t kHelloVersion = 1;
+
+}  // namespace hmc::core

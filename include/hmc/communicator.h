@@ -1,0 +1,102 @@
+// Communicator: a group of ranks, the path to each peer, point-to-point and one-sided puts.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/context.h"
+#include "hmc/memory_region.h"
+#include "hmc/request.h"
+#include "hmc/status.h"
+#include "hmc/types.h"
+#include "hmc/unique_id.h"
+
+namespace hmc {
+
+namespace core {
+class CommImpl;
+}
+
+// One way to reach a peer, as path negotiation saw it.
+struct PathCandidate {
+  std::string provider;     // net provider ("tcp", "shm") or "self"
+  bool usable = false;
+  std::string reason;       // why usable or not ("peer on another host", ...)
+  double latency_us = 0;    // cost model inputs
+  double bandwidth_gbps = 0;
+  double cost_us_1mib = 0;  // the model's cost of a 1 MiB transfer, ranks usable candidates
+};
+
+struct PathInfo {
+  int peer = -1;
+  std::string provider;  // the chosen one
+  std::string reason;    // why it won (or was forced by HMC_PATH)
+  std::vector<PathCandidate> candidates;  // best first, unusable last
+};
+
+struct PeerInfo {
+  int rank = -1;
+  std::string host;   // host identity (hostname + boot id)
+  std::string hostname;
+  int pid = 0;
+  std::vector<std::string> net_providers;
+  std::vector<DeviceInfo> devices;
+};
+
+class Communicator {
+ public:
+  // Every rank calls this with the same id and size, each with its own rank.
+  static Result<Communicator> create(Context& ctx, const UniqueId& id, int rank, int size);
+  // Rank, size and root from the environment: HMC_RANK/HMC_WORLD_SIZE/HMC_ROOT
+  // (+HMC_SECRET), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or Open MPI's
+  // OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE with HMC_ROOT.
+  static Result<Communicator> from_env(Context& ctx);
+
+  Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  ~Communicator();
+
+  int rank() const;
+  int size() const;
+  const PeerInfo& peer(int rank) const;
+  const PathInfo& path(int peer) const;
+
+  // Tagged point-to-point. A receive matches the first send of the same peer and
+  // tag; its buffer must hold exactly the message (else kMismatch on both sides).
+  Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
+  Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
+  Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
+  Status recv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
+
+  // One-sided. The region's key travels to peers by any means (e.g. send/recv).
+  Result<MemoryRegion> register_memory(void* ptr, std::size_t bytes);
+  // Writes `bytes` from `src` at `offset` of the peer's region. The request
+  // completes when `src` may be reused. With `notify`, the peer's wait_notify
+  // returns the value once the data is visible there.
+  Request put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
+              uint64_t offset, std::optional<uint64_t> notify = std::nullopt);
+  // Waits for the next notification from `peer` (in the order they were sent).
+  Result<uint64_t> wait_notify(int peer, std::chrono::milliseconds timeout);
+  Result<uint64_t> wait_notify(int peer);
+
+  // Waits until every rank arrived (control plane; collectives have a faster one).
+  Status barrier();
+  // Fails every pending and future operation with kAborted; safe at any time.
+  void abort();
+  // Orderly shutdown; later calls fail with kFinalized.
+  Status finalize();
+
+  core::CommImpl& impl() { return *impl_; }
+
+ private:
+  explicit Communicator(std::unique_ptr<core::CommImpl> impl);
+  std::unique_ptr<core::CommImpl> impl_;
+};
+
+}  // namespace hmc

@@ -1,0 +1,82 @@
+// Context: configuration, loaded providers, devices and host memory services.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hmc/memory.h"
+#include "hmc/status.h"
+#include "hmc/types.h"
+#include "hmc/unique_id.h"
+
+namespace hmc {
+
+namespace core {
+class ContextImpl;
+}
+
+struct ContextOptions {
+  // HMC_* settings that take precedence over the environment, e.g.
+  // {"HMC_PROVIDERS", "cpu,tcp"}. Names outside the table are an error.
+  std::map<std::string, std::string> settings;
+};
+
+struct ProviderInfo {
+  std::string name;
+  std::string kind;  // "device" or "net"
+  std::string origin;  // "built-in" or the file it came from
+  uint32_t abi_version = 0;
+  uint64_t caps = 0;
+  std::vector<std::string> cap_names;
+  bool available = false;
+  std::string reason;  // why not available / not loaded, empty when available
+};
+
+struct DeviceInfo {
+  DeviceId id;
+  std::string vendor;
+  std::string model;
+  std::string pci_bus_id;
+  int numa_node = -1;
+  MemKind mem_kind = MemKind::kHost;
+  uint64_t memory_bytes = 0;
+};
+
+struct ConfigEntry {
+  std::string name, type, default_value, help, value, source;  // source: "default", "env", "option"
+};
+
+class Context {
+ public:
+  static Result<Context> create(ContextOptions options = {});
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+  ~Context();
+
+  std::vector<ProviderInfo> providers() const;
+  std::vector<DeviceInfo> devices() const;
+  std::vector<ConfigEntry> config() const;
+
+  // Device-agnostic memory: allocate on any device of any provider.
+  Result<Memory> alloc(const DeviceId& device, std::size_t bytes,
+                       AllocKind kind = AllocKind::kDefault);
+  // Copy between any two pointers HMC knows (allocated here or plain host memory).
+  Status copy(void* dst, const void* src, std::size_t bytes);
+  // Which device a pointer lives on; plain host memory is {"cpu", 0}.
+  DeviceId device_of(const void* ptr) const;
+
+  // Starts this process's bootstrap root (rank 0) and returns the id every rank passes
+  // to Communicator::create: the root address and a fresh random job secret.
+  Result<UniqueId> create_unique_id();
+
+  core::ContextImpl& impl() { return *impl_; }
+
+ private:
+  explicit Context(std::unique_ptr<core::ContextImpl> impl);
+  std::unique_ptr<core::ContextImpl> impl_;
+};
+
+}  // namespace hmc

@@ -1,0 +1,39 @@
+// MemoryRegion: memory registered as a target of one-sided puts, with a packable remote key.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hmc/status.h"
+
+namespace hmc {
+
+namespace core {
+class Registration;
+}
+
+// The packed, opaque description of a peer's region: what put() needs.
+struct RemoteKey {
+  std::vector<uint8_t> bytes;
+};
+
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  explicit MemoryRegion(std::unique_ptr<core::Registration> reg);
+  MemoryRegion(MemoryRegion&&) noexcept;
+  MemoryRegion& operator=(MemoryRegion&&) noexcept;
+  ~MemoryRegion();
+
+  void* data() const;
+  std::size_t size() const;
+  // The key a peer passes to Communicator::put to write into this region.
+  RemoteKey pack() const;
+
+ private:
+  std::unique_ptr<core::Registration> reg_;
+};
+
+}  // namespace hmc

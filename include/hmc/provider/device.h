@@ -1,0 +1,110 @@
+/*
+ * HMC device provider ABI, version 1.
+ *
+ * A device provider wraps one vendor runtime (or plain host memory). It is a
+ * shared object `libhmc-device-<name>.so` exporting
+ *
+ *     const hmc_device_provider_t* hmc_device_provider_v1(void);
+ *
+ * The loader checks struct_size and abi_version before calling anything. A
+ * function whose capability bit is clear may be NULL; the host never calls it.
+ * Every function returns 0 on success and a negative HMC_PROV_ERR_* on failure;
+ * `last_error` then describes the failure of the calling thread.
+ *
+ * Pointers are the vendor's own (unified virtual addresses where the runtime
+ * has them). A `stream` of NULL means "synchronous, on the calling thread".
+ */
+#ifndef HMC_PROVIDER_DEVICE_H
+#define HMC_PROVIDER_DEVICE_H
+
+#include "hmc/provider/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HMC_DEVICE_ABI_VERSION 1
+#define HMC_DEVICE_ENTRY_V1 "hmc_device_provider_v1"
+
+/* Capability bits. */
+#define HMC_DEV_CAP_DEVICE_MEM (1ull << 0)  /* mem_alloc(HMC_ALLOC_DEVICE) */
+#define HMC_DEV_CAP_PINNED_HOST (1ull << 1) /* mem_alloc(HMC_ALLOC_PINNED_HOST) */
+#define HMC_DEV_CAP_SHAREABLE (1ull << 2)   /* memory another process can map (ipc_*) */
+#define HMC_DEV_CAP_STREAMS (1ull << 3)     /* stream_* and event_* */
+#define HMC_DEV_CAP_REDUCE (1ull << 4)      /* reduce and divide */
+#define HMC_DEV_CAP_IPC (1ull << 5)         /* ipc_export/ipc_import/ipc_close */
+#define HMC_DEV_CAP_DMABUF (1ull << 6)      /* dmabuf_export */
+#define HMC_DEV_CAP_PEER_ACCESS (1ull << 7) /* peer_access */
+
+/* mem_alloc kinds. */
+#define HMC_ALLOC_DEVICE 0
+#define HMC_ALLOC_PINNED_HOST 1
+#define HMC_ALLOC_SHAREABLE 2 /* IPC-exportable memory of the device's kind */
+
+#define HMC_IPC_HANDLE_MAX 256
+
+typedef struct hmc_device_info {
+  size_t struct_size;
+  char vendor[32];     /* "cpu", "nvidia", "amd", ... */
+  char model[96];
+  char pci_bus_id[32]; /* "0000:3b:00.0", empty when not a PCI device */
+  int numa_node;       /* -1 when unknown */
+  int mem_kind;        /* HMC_MEM_HOST or HMC_MEM_DEVICE */
+  uint64_t memory_bytes;
+} hmc_device_info_t;
+
+typedef struct hmc_device_provider {
+  size_t struct_size; /* sizeof(hmc_device_provider_t) of the provider's header */
+  uint32_t abi_version;
+  const char* name;   /* "cpu", "cuda", ... ; the file is libhmc-device-<name>.so */
+  uint64_t caps;
+  const hmc_param_t* params; /* the provider's HMC_* parameters */
+  size_t num_params;
+
+  /* Returns 0, or HMC_PROV_ERR_UNAVAILABLE with `reason` filled
+   * ("no CUDA driver: libcuda.so.1 not found"). */
+  int (*init)(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len);
+  void (*fini)(void* state);
+  const char* (*last_error)(void* state);
+
+  int (*device_count)(void* state, int* count);
+  int (*device_info)(void* state, int device, hmc_device_info_t* info);
+
+  int (*mem_alloc)(void* state, int device, size_t bytes, int alloc_kind, void** ptr);
+  int (*mem_free)(void* state, int device, void* ptr);
+  /* Copy between any two pointers this provider understands (host included). */
+  int (*copy)(void* state, void* dst, const void* src, size_t bytes, void* stream);
+
+  int (*stream_create)(void* state, int device, void** stream);
+  int (*stream_destroy)(void* state, void* stream);
+  /* 0 when all work on the stream is done, 1 while some is pending. */
+  int (*stream_query)(void* state, void* stream);
+  int (*event_create)(void* state, int device, void** event);
+  int (*event_destroy)(void* state, void* event);
+  int (*event_record)(void* state, void* event, void* stream);
+  int (*stream_wait_event)(void* state, void* stream, void* event);
+  int (*event_query)(void* state, void* event); /* 0 done, 1 pending */
+
+  /* dst[i] = a[i] op b[i] for i < count; dst may equal a or b. HMC_OP_AVG
+   * accumulates like HMC_OP_SUM; `divide` finishes an average. */
+  int (*reduce)(void* state, void* dst, const void* a, const void* b, size_t count, int dtype,
+                int op, void* stream);
+  /* buf[i] = buf[i] / divisor (integers truncate toward zero). */
+  int (*divide)(void* state, void* buf, size_t count, int dtype, uint64_t divisor, void* stream);
+
+  /* Export memory from mem_alloc(HMC_ALLOC_SHAREABLE) as an opaque handle another
+   * process of the same host imports. */
+  int (*ipc_export)(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,
+                    size_t* handle_len);
+  int (*ipc_import)(void* state, const void* handle, size_t handle_len, void** ptr);
+  int (*ipc_close)(void* state, void* ptr);
+  int (*dmabuf_export)(void* state, void* ptr, size_t bytes, int* fd, uint64_t* offset);
+  int (*peer_access)(void* state, int device, int peer_device, int* can_access);
+} hmc_device_provider_t;
+
+typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HMC_PROVIDER_DEVICE_H */

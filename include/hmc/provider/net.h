@@ -1,0 +1,111 @@
+/*
+ * HMC net provider ABI, version 1.
+ *
+ * A net provider moves bytes between processes: tcp, shm (same host), ucx,
+ * verbs. It is a shared object `libhmc-net-<name>.so` exporting
+ *
+ *     const hmc_net_provider_t* hmc_net_provider_v1(void);
+ *
+ * Model. A provider listens once and publishes an opaque address (carried to
+ * peers in the capability card). A connection is bidirectional and carries:
+ *   - messages (send_msg/recv_msg): delivered whole and in posting order; a
+ *     receive completes with the length of the message it got;
+ *   - puts: one-sided writes into memory the peer registered (reg_mem) and
+ *     described by a packed remote key. The target never posts anything.
+ * Ordering contract: a message sent after a put on the same connection is
+ * delivered after the put's data is visible in the target's memory. The host
+ * builds tag matching, rendezvous and put notifications on this.
+ *
+ * Nothing blocks: connect/accept return at once, data calls return a request
+ * that `test` polls. Providers that need the host's thread to advance call it
+ * from `progress`; providers with threads of their own call host->wake after
+ * completing a request. `test` releases the request once it reports done or an
+ * error. `close_conn` fails every pending request of that connection.
+ */
+#ifndef HMC_PROVIDER_NET_H
+#define HMC_PROVIDER_NET_H
+
+#include "hmc/provider/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HMC_NET_ABI_VERSION 1
+#define HMC_NET_ENTRY_V1 "hmc_net_provider_v1"
+
+/* Capability bits. */
+#define HMC_NET_CAP_MSG (1ull << 0)          /* send_msg/recv_msg */
+#define HMC_NET_CAP_PUT (1ull << 1)          /* reg_mem/put */
+#define HMC_NET_CAP_REMOTE (1ull << 2)       /* reaches other hosts */
+#define HMC_NET_CAP_SAME_HOST (1ull << 3)    /* reaches processes of this host */
+#define HMC_NET_CAP_MEM_HOST (1ull << 4)     /* touches host memory */
+#define HMC_NET_CAP_MEM_DMABUF (1ull << 5)   /* touches device memory through dma-buf */
+#define HMC_NET_CAP_MEM_PEER (1ull << 6)     /* touches device memory through peer memory */
+#define HMC_NET_CAP_SINGLE_COPY (1ull << 7)  /* put copies once (no staging in between) */
+
+#define HMC_NET_ADDR_MAX 128
+#define HMC_NET_HELLO_MAX 256
+#define HMC_NET_RKEY_MAX 256
+
+typedef struct hmc_net_props {
+  size_t struct_size;
+  double latency_us;     /* small message, one way, estimate for the cost model */
+  double bandwidth_gbps; /* large transfers, 1e9 bytes/s, estimate for the cost model */
+  size_t max_msg_size;   /* largest send_msg */
+} hmc_net_props_t;
+
+typedef struct hmc_net_provider {
+  size_t struct_size;
+  uint32_t abi_version;
+  const char* name; /* "tcp", "shm", ... ; the file is libhmc-net-<name>.so */
+  uint64_t caps;
+  const hmc_param_t* params;
+  size_t num_params;
+
+  int (*init)(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len);
+  void (*fini)(void* state);
+  int (*props)(void* state, hmc_net_props_t* props);
+
+  /* Start listening. `host_hint` is the local address the control plane uses
+   * (an IP string, may be empty). Writes the address peers connect to. */
+  int (*listen)(void* state, const char* host_hint, void* addr, size_t addr_cap,
+                size_t* addr_len, void** listener);
+  int (*close_listener)(void* state, void* listener);
+  /* Start connecting; returns the connection at once. `hello` is delivered to
+   * the acceptor before anything else (the host uses it to authenticate). */
+  int (*connect)(void* state, const void* addr, size_t addr_len, const void* hello,
+                 size_t hello_len, void** conn);
+  /* 0 connected, 1 still connecting, negative failed. */
+  int (*conn_status)(void* state, void* conn);
+  /* 0 with *conn and hello filled when a peer connected, 1 when none waits. */
+  int (*accept)(void* state, void* listener, void** conn, void* hello, size_t hello_cap,
+                size_t* hello_len);
+  int (*close_conn)(void* state, void* conn);
+
+  int (*send_msg)(void* state, void* conn, const void* buf, size_t len, void** req);
+  int (*recv_msg)(void* state, void* conn, void* buf, size_t cap, void** req);
+
+  /* Register memory as a put target; pack its remote key for peers. */
+  int (*reg_mem)(void* state, void* ptr, size_t bytes, int mem_kind, void** mr);
+  int (*dereg_mem)(void* state, void* mr);
+  int (*pack_rkey)(void* state, void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
+  /* Write `len` bytes from `src` to offset `offset` of the peer region `rkey`
+   * names. `local_mr` may be NULL when the provider needs no source
+   * registration. Fails with HMC_PROV_ERR_OUT_OF_BOUNDS past the region. */
+  int (*put)(void* state, void* conn, const void* src, size_t len, void* local_mr,
+             const void* rkey, size_t rkey_len, uint64_t offset, void** req);
+
+  /* 0 and *done=0 while pending; 0 and *done=1 when complete (bytes set);
+   * negative on failure with `message` filled. Done or failed releases req. */
+  int (*test)(void* state, void* req, int* done, size_t* bytes, char* message,
+              size_t message_cap);
+  int (*progress)(void* state);
+} hmc_net_provider_t;
+
+typedef const hmc_net_provider_t* (*hmc_net_entry_v1_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HMC_PROVIDER_NET_H */

@@ -1,0 +1,42 @@
+// Request: the handle of a non-blocking operation.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "hmc/status.h"
+
+namespace hmc {
+
+namespace core {
+class Operation;
+}
+
+using Clock = std::chrono::steady_clock;
+
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<core::Operation> op) : op_(std::move(op)) {}
+
+  // Blocks until the operation ends or `timeout` passes (kTimeout; the
+  // operation stays pending). The default is HMC_TIMEOUT.
+  Status wait();
+  Status wait(std::chrono::milliseconds timeout);
+  // true when finished (successfully or not), false while pending.
+  bool test();
+  // The outcome once finished; kTimeout-free. Ok while pending.
+  Status status() const;
+  // Bytes moved (for a receive: the size of the message received).
+  std::size_t bytes() const;
+  bool valid() const { return op_ != nullptr; }
+
+ private:
+  std::shared_ptr<core::Operation> op_;
+};
+
+// Waits for all, returns the first failure (all are waited for anyway).
+Status wait_all(Request* requests, std::size_t n);
+
+}  // namespace hmc

@@ -1,0 +1,196 @@
+// Refusals and bad input: each gives a clear error, never a hang or a crash.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+
+namespace {
+
+std::map<std::string, std::string> fast(const std::string& provider = "tcp") {
+  return {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "20s"}};
+}
+
+}  // namespace
+
+TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
+  auto exits = test::run_ranks(2, fast(), [](RankEnv& e) {
+    int peer = 1 - e.rank;
+    std::vector<uint8_t> buf(2 << 20, 1);
+    HMC_EXPECT(e.comm.isend(nullptr, 10, peer).wait().code() == ErrorCode::kInvalidArgument, "null buffer");
+    HMC_EXPECT(e.comm.isend(buf.data(), 10, 2).wait().code() == ErrorCode::kInvalidArgument, "peer out of range");
+    HMC_EXPECT(e.comm.irecv(buf.data(), 10, -1).wait().code() == ErrorCode::kInvalidArgument, "negative peer");
+    HMC_EXPECT(e.comm.isend(buf.data(), 10, peer, 1ull << 63).wait().code() == ErrorCode::kInvalidArgument, "reserved tag");
+    HMC_EXPECT(e.comm.put(peer, buf.data(), 8, RemoteKey{{1, 2, 3}}, 0).wait().code() == ErrorCode::kInvalidArgument, "garbage key");
+    HMC_EXPECT(!e.comm.register_memory(nullptr, 10).ok(), "null registration");
+    HMC_EXPECT(e.comm.wait_notify(peer, std::chrono::milliseconds(100)).status().code() == ErrorCode::kTimeout, "notify deadline");
+    // Nothing sent on tag 99: the wait ends at its deadline, the request stays usable.
+    Request never = e.comm.irecv(buf.data(), 4, peer, 99);
+    auto t0 = Clock::now();
+    HMC_EXPECT(never.wait(std::chrono::milliseconds(200)).code() == ErrorCode::kTimeout, "deadline");
+    HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(2), "deadline overrun");
+    HMC_EXPECT(!never.test(), "request completed without a sender");
+    // Size mismatch, eager and rendezvous: the receive fails, a rendezvous send too.
+    for (std::size_t n : {std::size_t(16), std::size_t(1) << 20}) {
+      if (e.rank == 0) {
+        Status s = e.comm.send(buf.data(), n, 1, 5);
+        HMC_EXPECT(n <= 65536 ? s.ok() : s.code() == ErrorCode::kMismatch, "send side of a mismatch: " + s.to_string());
+      } else {
+        Status s = e.comm.recv(buf.data(), n * 2, 0, 5);
+        HMC_EXPECT(s.code() == ErrorCode::kMismatch, s.to_string());
+        HMC_EXPECT(s.message().find("bytes") != std::string::npos, s.message());
+      }
+    }
+    HMC_EXPECT_OK(e.comm.finalize());
+    HMC_EXPECT(e.comm.send(buf.data(), 4, peer).code() == ErrorCode::kFinalized, "use after finalize");
+    HMC_EXPECT(e.comm.barrier().code() == ErrorCode::kFinalized, "barrier after finalize");
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+TEST_CASE("a killed peer fails pending operations with peer lost", "[errors][peer-lost]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, fast(provider), [](RankEnv& e) {
+        std::vector<uint8_t> big(256u << 20, 3);
+        HMC_EXPECT_OK(e.comm.barrier());
+        if (e.rank == 1) {
+          Request r = e.comm.isend(big.data(), big.size(), 0, 1);
+          r.test();
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          raise(SIGKILL);  // mid-transfer
+        }
+        auto t0 = Clock::now();
+        Status s = e.comm.recv(big.data(), big.size(), 1, 1);
+        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+        HMC_EXPECT(s.message().find("rank 1") != std::string::npos, s.message());
+        HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(10), "peer loss took too long to notice");
+        // Later operations with the lost peer fail at once.
+        HMC_EXPECT(e.comm.send(big.data(), 8, 1).code() == ErrorCode::kPeerLost, "send to a lost peer");
+        e.comm.abort();
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].signal == SIGKILL);
+    }
+  }
+}
+
+TEST_CASE("abort from another thread ends a blocked wait", "[errors]") {
+  auto exits = test::run_ranks(2, fast(), [](RankEnv& e) {
+    std::vector<uint8_t> buf(64);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      e.comm.abort();
+    });
+    Status s = e.comm.recv(buf.data(), buf.size(), 1 - e.rank, 42);
+    killer.join();
+    HMC_EXPECT(s.code() == ErrorCode::kAborted || s.code() == ErrorCode::kPeerLost, s.to_string());
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+TEST_CASE("a connection with the wrong job secret is refused and logged", "[errors][auth]") {
+  int id_pipe[2][2], done_pipe[2];
+  REQUIRE(pipe(id_pipe[0]) == 0);
+  REQUIRE(pipe(id_pipe[1]) == 0);
+  REQUIRE(pipe(done_pipe) == 0);
+  std::string log_path = "/tmp/hmc-auth-test-" + std::to_string(getpid()) + ".log";
+  auto exits = test::run_processes(3, [&](int who) -> int {
+    ContextOptions opts{{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", who == 2 ? "3s" : "20s"}}};
+    if (who == 0) {  // capture rank 0's log: the root logs the refusal
+      int fd = open(log_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+      dup2(fd, 2);
+      close(fd);
+    }
+    auto ctx = Context::create(opts);
+    HMC_EXPECT(ctx.ok(), ctx.status().to_string());
+    UniqueId id;
+    char text[256] = {0};
+    if (who == 0) {
+      id = ctx->create_unique_id().value();
+      std::string s = id.to_string();
+      HMC_EXPECT(write(id_pipe[0][1], s.c_str(), s.size() + 1) > 0 && write(id_pipe[1][1], s.c_str(), s.size() + 1) > 0, "pipe");
+    } else {
+      HMC_EXPECT(read(id_pipe[who - 1][0], text, sizeof(text) - 1) > 0, "pipe");
+      id = UniqueId::parse(text).value();
+    }
+    if (who == 2) {  // the stranger: right address, wrong secret
+      id.secret[0] ^= 0xFF;
+      auto comm = Communicator::create(ctx.value(), id, 1, 2);
+      HMC_EXPECT(!comm.ok(), "a wrong secret was accepted");
+      HMC_EXPECT(write(done_pipe[1], "x", 1) == 1, "pipe");
+      return 0;
+    }
+    if (who == 0) {  // wait until the stranger was turned away
+      char c;
+      HMC_EXPECT(read(done_pipe[0], &c, 1) == 1, "stranger never finished");
+    }
+    auto comm = Communicator::create(ctx.value(), id, who, 2);
+    HMC_EXPECT(comm.ok(), comm.status().to_string());
+    uint64_t v = who == 0 ? 123456789 : 0;
+    if (who == 0) HMC_EXPECT_OK(comm->send(&v, sizeof(v), 1));
+    else HMC_EXPECT_OK(comm->recv(&v, sizeof(v), 0));
+    HMC_EXPECT(v == 123456789, "the real job's data is wrong");
+    HMC_EXPECT_OK(comm->finalize());
+    return 0;
+  }, std::chrono::seconds(60));
+  std::ifstream f(log_path);
+  std::stringstream log;
+  log << f.rdbuf();
+  std::remove(log_path.c_str());
+  INFO(test::describe(exits) << "\nrank 0 log:\n" << log.str());
+  REQUIRE(test::all_ok(exits));
+  REQUIRE(log.str().find("wrong job secret") != std::string::npos);
+}
+
+TEST_CASE("HMC_PATH forcing an unusable path fails every rank clearly", "[errors][path]") {
+  auto providers = test::available_net_providers();
+  if (std::find(providers.begin(), providers.end(), "shm") == providers.end()) {
+    WARN("shm provider not available: skipped");
+    return;
+  }
+  // Two "hosts" (HMC_HOST_ID differs per rank) with shm forced: shm reaches one host only.
+  auto exits = test::run_ranks(2, {{"HMC_PATH", "shm"}, {"HMC_HOST_ID", "host{rank}"}, {"HMC_TIMEOUT", "10s"}},
+                               [](RankEnv&) { return 0; }, std::chrono::seconds(30));
+  INFO(test::describe(exits));
+  REQUIRE(exits[0].exit_code == 4);  // Communicator::create failed, no hang
+  REQUIRE(exits[1].exit_code == 4);
+  // The same forcing on one host works.
+  auto same = test::run_ranks(2, {{"HMC_PATH", "shm"}, {"HMC_TIMEOUT", "10s"}}, [](RankEnv& e) {
+    HMC_EXPECT(e.comm.path(1 - e.rank).provider == "shm", e.comm.path(1 - e.rank).provider);
+    HMC_EXPECT(e.comm.path(1 - e.rank).reason.find("HMC_PATH") != std::string::npos, e.comm.path(1 - e.rank).reason);
+    return 0;
+  });
+  INFO(test::describe(same));
+  REQUIRE(test::all_ok(same));
+}
+
+TEST_CASE("malformed settings and unknown providers are refused", "[errors][config]") {
+  auto bad_timeout = Context::create({{{"HMC_TIMEOUT", "soon"}}});
+  REQUIRE(bad_timeout.status().code() == ErrorCode::kInvalidArgument);
+  REQUIRE(bad_timeout.status().message().find("HMC_TIMEOUT") != std::string::npos);
+  auto unknown = Context::create({{{"HMC_PROVIDERS", "cpu,warpdrive"}}});
+  REQUIRE(unknown.status().code() == ErrorCode::kNotFound);
+  REQUIRE(unknown.status().message().find("warpdrive") != std::string::npos);
+  auto bad_path = Context::create({{{"HMC_LOG_LEVEL", "loud"}}});
+  REQUIRE(bad_path.status().code() == ErrorCode::kInvalidArgument);
+  auto ctx = Context::create();
+  REQUIRE(ctx.ok());
+  UniqueId id{"127.0.0.1:1", {}};
+  REQUIRE(Communicator::create(ctx.value(), id, 3, 2).status().code() == ErrorCode::kInvalidArgument);
+  REQUIRE(UniqueId::parse("nonsense").status().code() == ErrorCode::kInvalidArgument);
+}

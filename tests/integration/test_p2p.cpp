@@ -1,0 +1,125 @@
+// Point-to-point over every available net provider, in real processes.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+
+namespace {
+
+std::map<std::string, std::string> over(const std::string& provider) {
+  return {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "30s"}};
+}
+
+// Rank 0 sends `bytes` of random data to rank 1, which sends it back; both check.
+int ping_pong(RankEnv& e, std::size_t bytes, uint64_t seed) {
+  auto payload = test::random_bytes(bytes, seed);
+  std::vector<uint8_t> got(bytes, 0xA5);  // poisoned
+  if (e.rank == 0) {
+    HMC_EXPECT_OK(e.comm.send(payload.data(), bytes, 1, 7));
+    HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 1, 8));
+  } else {
+    HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, 7));
+    HMC_EXPECT(got == payload, "rank 1 received wrong data");
+    HMC_EXPECT_OK(e.comm.send(got.data(), bytes, 0, 8));
+  }
+  HMC_EXPECT(got == payload, "data differs after the round trip of " + std::to_string(bytes) + " bytes");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        const std::size_t sizes[] = {0, 1, 4095, 64 << 10, (64 << 10) + 1, 1 << 20, 16 << 20, 256u << 20};
+        uint64_t seed = 1;
+        for (std::size_t n : sizes)
+          if (int rc = ping_pong(e, n, seed++)) return rc;
+        HMC_EXPECT(e.comm.path(1 - e.rank).provider == e.comm.path(1 - e.rank).candidates.front().provider ||
+                       !e.comm.path(1 - e.rank).reason.empty(), "path has no reason");
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+TEST_CASE("messages match by tag, in order, expected or not", "[p2p]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(3, over(provider), [](RankEnv& e) {
+        // Every rank sends two messages per tag to every rank (itself too) before receiving,
+        // so most arrive unexpected; tags are received in the reverse order of sending.
+        constexpr int kTags = 3;
+        const std::size_t sizes[] = {24, 200 << 10};
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<Request> sends;
+        for (int peer = 0; peer < e.size; ++peer)
+          for (int tag = 0; tag < kTags; ++tag)
+            for (int k = 0; k < 2; ++k) {
+              uint64_t seed = (e.rank * 100 + peer) * 100 + tag * 10 + k;
+              out.push_back(test::random_bytes(sizes[k], seed));
+              sends.push_back(e.comm.isend(out.back().data(), sizes[k], peer, tag));
+            }
+        for (int peer = 0; peer < e.size; ++peer)
+          for (int tag = kTags - 1; tag >= 0; --tag)
+            for (int k = 0; k < 2; ++k) {
+              std::vector<uint8_t> got(sizes[k], 0x5A);
+              HMC_EXPECT_OK(e.comm.recv(got.data(), got.size(), peer, tag));
+              uint64_t seed = (peer * 100 + e.rank) * 100 + tag * 10 + k;
+              HMC_EXPECT(got == test::random_bytes(sizes[k], seed), "wrong data from rank " + std::to_string(peer));
+            }
+        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+TEST_CASE("put writes into a peer's region and notifies it", "[put]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        const std::size_t region_bytes = 64u << 20;
+        std::vector<uint8_t> region(region_bytes, 0xEE);
+        auto mr = e.comm.register_memory(region.data(), region.size());
+        HMC_EXPECT(mr.ok(), mr.status().to_string());
+        // Swap keys: each rank learns the other's region.
+        auto mine = mr->pack();
+        std::vector<uint8_t> theirs(mine.bytes.size());
+        int peer = 1 - e.rank;
+        Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
+        HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
+        HMC_EXPECT_OK(rk.wait());
+        RemoteKey key{theirs};
+        const std::pair<std::size_t, std::size_t> writes[] = {{0, 1}, {4096, 3000}, {1 << 20, 8 << 20}, {region_bytes - 100, 100}, {17, 0}};
+        uint64_t n = 0;
+        for (auto [off, len] : writes) {
+          auto data = test::random_bytes(len, 1000 + e.rank * 10 + n);
+          HMC_EXPECT_OK(e.comm.put(peer, data.data(), len, key, off, n).wait());
+          auto v = e.comm.wait_notify(peer);
+          HMC_EXPECT(v.ok() && v.value() == n, "notification " + std::to_string(n) + " missing or wrong");
+          auto want = test::random_bytes(len, 1000 + peer * 10 + n);
+          HMC_EXPECT(std::memcmp(region.data() + off, want.data(), len) == 0, "put data wrong at offset " + std::to_string(off));
+          ++n;
+        }
+        // Bytes nobody wrote keep their poison.
+        HMC_EXPECT(region[2] == 0xEE && region[(1 << 20) - 1] == 0xEE && region[region_bytes - 101] == 0xEE, "put wrote outside its range");
+        Status oob = e.comm.put(peer, region.data(), 200, key, region_bytes - 100).wait();
+        HMC_EXPECT(oob.code() == ErrorCode::kOutOfBounds, oob.to_string());
+        return e.comm.barrier().ok() ? 0 : 1;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}

@@ -1,0 +1,52 @@
+// Deliberately broken or unavailable net providers, one per FAKE_KIND, to check that the
+// loader refuses each with the right reason. Never used outside tests.
+#include <cstdio>
+#include <cstring>
+
+#include "hmc/provider/net.h"
+
+namespace {
+
+int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t len) {
+  std::snprintf(reason, len, "libfakevendor.so.1 not found");
+  return HMC_PROV_ERR_UNAVAILABLE;
+}
+
+hmc_net_provider_t make_table() {
+  hmc_net_provider_t t{};
+  t.struct_size = sizeof(t);
+  t.abi_version = HMC_NET_ABI_VERSION;
+  t.name = FAKE_NAME;
+  t.caps = HMC_NET_CAP_MSG;
+  t.init = init_unavailable;
+#if FAKE_KIND == 1  // newer ABI than the host speaks
+  t.abi_version = HMC_NET_ABI_VERSION + 1;
+#elif FAKE_KIND == 2  // table name differs from the file name
+  t.name = "somethingelse";
+#elif FAKE_KIND == 3  // capability bit without functions
+  t.caps |= HMC_NET_CAP_PUT;
+#endif
+  // Fill the mandatory pointers with anything callable for kinds 0 and 1..3 tables checks.
+  t.fini = [](void*) {};
+  t.props = [](void*, hmc_net_props_t*) { return 0; };
+  t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
+  t.close_listener = [](void*, void*) { return 0; };
+  t.connect = [](void*, const void*, size_t, const void*, size_t, void**) { return -1; };
+  t.conn_status = [](void*, void*) { return -1; };
+  t.accept = [](void*, void*, void**, void*, size_t, size_t*) { return 1; };
+  t.close_conn = [](void*, void*) { return 0; };
+  t.send_msg = [](void*, void*, const void*, size_t, void**) { return -1; };
+  t.recv_msg = [](void*, void*, void*, size_t, void**) { return -1; };
+  t.test = [](void*, void*, int*, size_t*, char*, size_t) { return -1; };
+  return t;
+}
+
+const hmc_net_provider_t kTable = make_table();
+
+}  // namespace
+
+#if FAKE_KIND == 4  // no entry symbol at all
+extern "C" __attribute__((visibility("default"))) int hmc_something_else(void) { return 0; }
+#else
+extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_net_provider_v1(void) { return &kTable; }
+#endif

@@ -1,0 +1,59 @@
+// The configuration table: parsing, validation, precedence.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+
+#include "core/config.h"
+
+using namespace hmc::core;
+using hmc::Status;
+using namespace std::chrono_literals;
+
+TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
+  CHECK(parse_size("4096") == 4096u);
+  CHECK(parse_size("64K") == 65536u);
+  CHECK(parse_size("4M") == 4u << 20);
+  CHECK(parse_size("4MiB") == 4u << 20);
+  CHECK(parse_size("1g") == 1u << 30);
+  CHECK_FALSE(parse_size("lots"));
+  CHECK_FALSE(parse_size("4Q"));
+  CHECK_FALSE(parse_size("-1"));
+  CHECK(parse_duration("30") == 30000ms);
+  CHECK(parse_duration("500ms") == 500ms);
+  CHECK(parse_duration("2m") == 120000ms);
+  CHECK_FALSE(parse_duration("soon"));
+  CHECK(parse_bool("yes") == true);
+  CHECK(parse_bool("0") == false);
+  CHECK_FALSE(parse_bool("maybe"));
+}
+
+TEST_CASE("options override the environment and are validated", "[config]") {
+  setenv("HMC_EAGER_LIMIT", "8K", 1);
+  auto c = Config::load({{"HMC_TIMEOUT", "5s"}});
+  REQUIRE(c.ok());
+  CHECK(c->size("HMC_EAGER_LIMIT") == 8192u);
+  CHECK(c->duration("HMC_TIMEOUT") == 5000ms);
+  auto over = Config::load({{"HMC_EAGER_LIMIT", "1M"}});
+  CHECK(over->size("HMC_EAGER_LIMIT") == 1u << 20);
+  unsetenv("HMC_EAGER_LIMIT");
+
+  auto bad = Config::load({{"HMC_TIMEOUT", "never"}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("HMC_TIMEOUT") && Catch::Contains("duration"));
+  auto unknown = Config::load({{"NOT_OURS", "1"}});
+  CHECK_FALSE(unknown.ok());
+}
+
+TEST_CASE("provider parameters join the table and are checked", "[config]") {
+  auto c = Config::load({{"HMC_FAKE_CHUNK", "12Q"}, {"HMC_TYPO", "1"}});
+  REQUIRE(c.ok());
+  hmc_param_t params[] = {{"HMC_FAKE_CHUNK", "size", "1M", "chunk size"}};
+  Status s = c->add_params("fake", params, 1);
+  CHECK_FALSE(s.ok());
+  auto good = Config::load({{"HMC_FAKE_CHUNK", "2M"}});
+  REQUIRE(good->add_params("fake", params, 1).ok());
+  CHECK(good->size("HMC_FAKE_CHUNK") == 2u << 20);
+  bool listed = false;
+  for (const auto& e : good->entries()) listed |= e.name == "HMC_FAKE_CHUNK" && e.source == "option";
+  CHECK(listed);
+  CHECK(c->unclaimed() == std::vector<std::string>{"HMC_FAKE_CHUNK", "HMC_TYPO"});
+}

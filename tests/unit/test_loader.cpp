@@ -1,0 +1,80 @@
+// The loader: discovery, selection, and a clear reason for every refusal.
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "hmc/context.h"
+
+using namespace hmc;
+
+namespace {
+
+const ProviderInfo* find(const std::vector<ProviderInfo>& v, const std::string& name) {
+  for (const auto& p : v)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("the loader says why it refused each plugin", "[loader]") {
+  auto ctx = Context::create({{{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR}}});
+  REQUIRE(ctx.ok());
+  auto ps = ctx->providers();
+  struct Want { const char* name; const char* reason; };
+  for (Want w : {Want{"fakeunavail", "unavailable: libfakevendor.so.1 not found"},
+                 Want{"fakeabi", "ABI version 2, this libhmc speaks 1"},
+                 Want{"fakename", "table names 'somethingelse'"},
+                 Want{"fakecaps", "capability put set but its functions are NULL"},
+                 Want{"fakenoentry", "no entry symbol hmc_net_provider_v1"},
+                 Want{"fakegarbage", "unavailable: cannot load"}}) {
+    INFO(w.name);
+    const ProviderInfo* p = find(ps, w.name);
+    REQUIRE(p != nullptr);
+    CHECK_FALSE(p->available);
+    CHECK_THAT(p->reason, Catch::Contains(w.reason));
+    CHECK(p->origin.find(HMC_FAKE_PLUGIN_DIR) == 0);
+  }
+  const ProviderInfo* cpu = find(ps, "cpu");
+  REQUIRE(cpu != nullptr);
+  CHECK(cpu->available);
+}
+
+TEST_CASE("HMC_PROVIDERS selects and excludes", "[loader]") {
+  auto ctx = Context::create({{{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR}, {"HMC_PROVIDERS", "^fakeabi"}}});
+  REQUIRE(ctx.ok());
+  auto listed = ctx->providers();
+  const ProviderInfo* p = find(listed, "fakeabi");
+  REQUIRE(p != nullptr);
+  CHECK_FALSE(p->available);
+  CHECK_THAT(p->reason, Catch::Contains("not selected"));
+
+  auto only = Context::create({{{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR}, {"HMC_PROVIDERS", "cpu,fakeunavail"}}});
+  REQUIRE(only.ok());
+  auto only_listed = only->providers();
+  CHECK_THAT(find(only_listed, "fakename")->reason, Catch::Contains("not selected"));
+  CHECK_THAT(find(only_listed, "fakeunavail")->reason, Catch::Contains("libfakevendor"));
+
+  auto missing = Context::create({{{"HMC_PROVIDERS", "cpu,nosuch"}}});
+  REQUIRE(missing.status().code() == ErrorCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("nosuch"));
+}
+
+TEST_CASE("device memory API allocates, copies and tracks on the cpu provider", "[memory]") {
+  auto ctx = Context::create();
+  REQUIRE(ctx.ok());
+  for (AllocKind kind : {AllocKind::kDefault, AllocKind::kPinnedHost, AllocKind::kShareable}) {
+    auto a = ctx->alloc({"cpu", 0}, 1 << 20, kind);
+    auto b = ctx->alloc({"cpu", 0}, 1 << 20, kind);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    std::memset(a->data(), 0x3C, a->size());
+    std::memset(b->data(), 0, b->size());
+    REQUIRE(ctx->copy(b->data(), a->data(), 1 << 20).ok());
+    CHECK(static_cast<uint8_t*>(b->data())[12345] == 0x3C);
+    CHECK(ctx->device_of(static_cast<uint8_t*>(a->data()) + 100) == DeviceId{"cpu", 0});
+  }
+  CHECK(ctx->alloc({"cpu", 7}, 16).status().code() == ErrorCode::kInvalidArgument);
+  CHECK(ctx->alloc({"warp", 0}, 16).status().code() == ErrorCode::kNotFound);
+  CHECK(ctx->alloc({"cpu", 0}, 0).status().code() == ErrorCode::kInvalidArgument);
+  CHECK(ctx->copy(nullptr, ctx.value().devices().data(), 4).code() == ErrorCode::kInvalidArgument);
+}

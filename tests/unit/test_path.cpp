@@ -1,0 +1,103 @@
+// Path negotiation: candidates, reasons, cost ranking, HMC_PATH.
+#include <catch2/catch.hpp>
+
+#include "core/path_negotiation.h"
+#include "core/registration.h"
+#include "hmc/provider/net.h"
+
+using namespace hmc;
+using namespace hmc::core;
+
+namespace {
+
+constexpr uint64_t kTcpCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
+constexpr uint64_t kShmCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
+
+Card card(int rank, const std::string& host, bool with_shm = true) {
+  Card c;
+  c.rank = rank;
+  c.host_id = host;
+  c.hostname = host;
+  c.nets.push_back({"tcp", kTcpCaps, {}, 20, 3});
+  if (with_shm) c.nets.push_back({"shm", kShmCaps, {}, 5, 10});
+  return c;
+}
+
+PathPolicy policy(const std::string& spec) { return PathPolicy::parse(spec).value(); }
+
+}  // namespace
+
+TEST_CASE("same host prefers shm, other hosts get tcp with reasons", "[path]") {
+  auto same = negotiate_path(card(0, "a"), card(1, "a"), policy(""));
+  REQUIRE(same.ok());
+  CHECK(same->provider == "shm");
+  CHECK_THAT(same->reason, Catch::Contains("lowest modelled cost") && Catch::Contains("tcp"));
+  REQUIRE(same->candidates.size() == 2);
+  CHECK(same->candidates[0].cost_us_1mib < same->candidates[1].cost_us_1mib);
+
+  auto remote = negotiate_path(card(0, "a"), card(1, "b"), policy(""));
+  REQUIRE(remote.ok());
+  CHECK(remote->provider == "tcp");
+  CHECK_FALSE(remote->candidates.back().usable);
+  CHECK_THAT(remote->candidates.back().reason, Catch::Contains("same-host only"));
+
+  auto self = negotiate_path(card(0, "a"), card(0, "a"), policy(""));
+  CHECK(self->provider == "self");
+}
+
+TEST_CASE("the model is symmetric: both sides choose the same path", "[path]") {
+  Card a = card(0, "h"), b = card(1, "h");
+  b.nets[1].bandwidth_gbps = 1;  // b's shm is slow: both must see the slow figure
+  auto ab = negotiate_path(a, b, policy(""));
+  auto ba = negotiate_path(b, a, policy(""));
+  CHECK(ab->provider == ba->provider);
+  CHECK(ab->candidates[0].cost_us_1mib == Approx(ba->candidates[0].cost_us_1mib));
+}
+
+TEST_CASE("HMC_PATH forces a provider or fails with the reason", "[path]") {
+  auto forced = negotiate_path(card(0, "a"), card(1, "a"), policy("tcp"));
+  REQUIRE(forced.ok());
+  CHECK(forced->provider == "tcp");
+  CHECK_THAT(forced->reason, Catch::Contains("forced by HMC_PATH"));
+  auto per_class = negotiate_path(card(0, "a"), card(1, "b"), policy("same_host=shm,remote=tcp"));
+  CHECK(per_class->provider == "tcp");
+  auto impossible = negotiate_path(card(0, "a"), card(1, "b"), policy("shm"));
+  REQUIRE_FALSE(impossible.ok());
+  CHECK_THAT(impossible.status().message(), Catch::Contains("same-host only"));
+  auto missing = negotiate_path(card(0, "a"), card(1, "a"), policy("ucx"));
+  CHECK_THAT(missing.status().message(), Catch::Contains("no such net provider"));
+  CHECK_FALSE(PathPolicy::parse("same_host=").ok());
+  CHECK_FALSE(PathPolicy::parse("sideways=tcp").ok());
+  auto none = negotiate_path(card(0, "a", false), card(1, "b", false), policy(""));
+  CHECK(none->provider == "tcp");
+  Card bare = card(1, "b");
+  bare.nets.clear();
+  auto unreachable = negotiate_path(card(0, "a"), bare, policy(""));
+  REQUIRE_FALSE(unreachable.ok());
+  CHECK_THAT(unreachable.status().message(), Catch::Contains("no path to rank 1"));
+}
+
+TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]") {
+  Card c = card(3, "host-x");
+  c.pid = 42;
+  c.nets[0].address = {1, 2, 3, 4};
+  c.devices.push_back({{"cpu", 0}, "cpu", "model", "", 0, MemKind::kHost, 1 << 30});
+  auto back = decode_card(encode_card(c));
+  REQUIRE(back.ok());
+  CHECK(back->rank == 3);
+  CHECK(back->pid == 42);
+  CHECK(back->nets[0].address == std::vector<uint8_t>{1, 2, 3, 4});
+  CHECK(back->devices[0].memory_bytes == 1u << 30);
+  CHECK_FALSE(decode_card({0xff, 0x00, 0x12}).ok());
+
+  std::vector<uint8_t> region(100);
+  Registration reg(region.data(), region.size());
+  auto key = unpack_key(reg.pack());
+  REQUIRE(key.ok());
+  CHECK(key->region_bytes == 100);
+  CHECK(key->find("self") != nullptr);
+  auto packed = reg.pack();
+  packed.resize(packed.size() - 3);
+  CHECK_FALSE(unpack_key(packed).ok());
+  CHECK_FALSE(unpack_key({1, 2, 3}).ok());
+}

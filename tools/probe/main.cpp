@@ -1,0 +1,89 @@
+// hmc-probe: what HMC sees on this machine, and how each peer pair is connected.
+//
+//   hmc-probe                  providers (with the reason when unavailable), devices, config
+//   hmc-probe config           the configuration table
+//   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
+//   --json                     machine-readable output
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "core/config.h"
+#include "probe.h"
+
+using namespace hmc;
+
+namespace {
+
+int worker(const probe::MeasureOptions& opt, bool json) {
+  auto ctx = Context::create();
+  if (!ctx) return std::fprintf(stderr, "hmc-probe: %s\n", ctx.status().to_string().c_str()), 1;
+  auto comm = Communicator::from_env(ctx.value());
+  if (!comm) return std::fprintf(stderr, "hmc-probe: %s\n", comm.status().to_string().c_str()), 1;
+  auto figs = probe::measure_all(comm.value(), opt);
+  if (!figs) return std::fprintf(stderr, "hmc-probe: rank %d: %s\n", comm->rank(), figs.status().to_string().c_str()), 1;
+  if (comm->rank() == 0) {
+    double mem = probe::memcpy_gbps(opt.bytes, opt.iters);
+    double tcp = probe::tcp_stream_gbps(opt.bytes, opt.iters);
+    if (json) std::cout << probe::matrix_json(comm->size(), figs.value(), opt.bytes, mem, tcp).dump(2) << "\n";
+    else probe::print_matrix(comm->size(), figs.value(), opt.bytes, mem, tcp);
+  }
+  Status s = comm->finalize();
+  return s.ok() ? 0 : (std::fprintf(stderr, "hmc-probe: finalize: %s\n", s.to_string().c_str()), 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hmc-probe: HMC's providers, devices, configuration and paths"};
+  int local = 0;
+  bool json = false, rank_worker = false;
+  std::string size_text = "64M";
+  probe::MeasureOptions opt;
+  int timeout_s = 300;
+  app.add_option("--local", local, "start N ranks on this machine and print the path matrix")->check(CLI::Range(1, 64));
+  app.add_flag("--json", json, "print JSON");
+  app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)");
+  app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
+  app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")->check(CLI::PositiveNumber);
+  app.add_option("--timeout", timeout_s, "seconds before the local ranks are killed");
+  app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
+  auto* config_cmd = app.add_subcommand("config", "print the configuration table");
+  CLI11_PARSE(app, argc, argv);
+  auto bytes = core::parse_size(size_text);
+  if (!bytes || *bytes == 0) {
+    std::fprintf(stderr, "hmc-probe: bad size '%s' (use e.g. 64K, 4M)\n", size_text.c_str());
+    return 2;
+  }
+  opt.bytes = *bytes;
+
+  if (rank_worker) return worker(opt, json);
+  if (local > 0) {
+    std::vector<std::string> args = {"--rank-worker", "-b", std::to_string(opt.bytes), "-n", std::to_string(opt.iters),
+                                     "--lat-iters", std::to_string(opt.lat_iters)};
+    if (json) args.push_back("--json");
+    return probe::run_local(local, args, timeout_s);
+  }
+  auto ctx = Context::create();
+  if (!ctx) {
+    std::fprintf(stderr, "hmc-probe: %s\n", ctx.status().to_string().c_str());
+    return 1;
+  }
+  if (json) {
+    nlohmann::json j = {{"providers", probe::providers_json(ctx.value())}};
+    j["config"] = nlohmann::json::array();
+    for (const auto& e : ctx->config())
+      j["config"].push_back({{"name", e.name}, {"type", e.type}, {"default", e.default_value}, {"value", e.value},
+                             {"source", e.source}, {"help", e.help}});
+    j["devices"] = nlohmann::json::array();
+    for (const auto& d : ctx->devices())
+      j["devices"].push_back({{"id", d.id.to_string()}, {"vendor", d.vendor}, {"model", d.model},
+                              {"pci_bus_id", d.pci_bus_id}, {"numa_node", d.numa_node}, {"memory_bytes", d.memory_bytes}});
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  if (*config_cmd) probe::print_config(ctx.value());
+  else probe::print_overview(ctx.value());
+  return 0;
+}

@@ -1,0 +1,99 @@
+// Measuring each pair's path: one pair at a time so pairs do not disturb each other.
+#include <chrono>
+#include <cstring>
+
+#include "probe.h"
+
+namespace hmc::probe {
+namespace {
+
+constexpr uint64_t kDataTag = 11, kAckTag = 12, kResultTag = 13;
+constexpr int kWindow = 4;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
+Result<double> bandwidth(Communicator& c, int peer, bool sender, std::vector<uint8_t>& buf, int iters) {
+  uint8_t ack = 0;
+  for (int round = 0; round < 2; ++round) {  // round 0 warms up connections and registrations
+    int n = round == 0 ? 2 : iters;
+    auto t0 = Clock::now();
+    std::vector<Request> reqs;
+    for (int i = 0; i < n; ++i) {
+      if (reqs.size() == kWindow) {
+        HMC_RETURN_IF_ERROR(reqs.front().wait());
+        reqs.erase(reqs.begin());
+      }
+      reqs.push_back(sender ? c.isend(buf.data(), buf.size(), peer, kDataTag) : c.irecv(buf.data(), buf.size(), peer, kDataTag));
+    }
+    HMC_RETURN_IF_ERROR(wait_all(reqs.data(), reqs.size()));
+    HMC_RETURN_IF_ERROR(sender ? c.recv(&ack, 1, peer, kAckTag) : c.send(&ack, 1, peer, kAckTag));
+    if (round == 1) return static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
+  }
+  return 0.0;
+}
+
+Result<double> latency(Communicator& c, int peer, bool first, int iters) {
+  uint64_t v = 0;
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters + 10; ++i) {
+    if (i == 10) t0 = Clock::now();
+    if (first) {
+      HMC_RETURN_IF_ERROR(c.send(&v, 8, peer, kAckTag));
+      HMC_RETURN_IF_ERROR(c.recv(&v, 8, peer, kAckTag));
+    } else {
+      HMC_RETURN_IF_ERROR(c.recv(&v, 8, peer, kAckTag));
+      HMC_RETURN_IF_ERROR(c.send(&v, 8, peer, kAckTag));
+    }
+  }
+  return seconds_since(t0) / iters / 2 * 1e6;
+}
+
+}  // namespace
+
+Result<std::vector<PairFigures>> measure_all(Communicator& c, const MeasureOptions& opt) {
+  std::vector<uint8_t> buf(opt.bytes, 1);
+  std::vector<PairFigures> mine;
+  for (int a = 0; a < c.size(); ++a) {
+    for (int b = 0; b < c.size(); ++b) {
+      if (a == b) continue;
+      HMC_RETURN_IF_ERROR(c.barrier());
+      if (c.rank() != a && c.rank() != b) continue;
+      int peer = c.rank() == a ? b : a;
+      auto bw = bandwidth(c, peer, c.rank() == a, buf, opt.iters);
+      if (!bw) return bw.status();
+      auto lat = latency(c, peer, c.rank() == a, opt.lat_iters);
+      if (!lat) return lat.status();
+      if (c.rank() == a)
+        mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, bw.value(), lat.value()});
+    }
+  }
+  // Everyone's rows to rank 0 (as fixed-size records plus text).
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& f : mine)
+    rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
+                    {"host", f.peer_host}, {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}});
+  std::vector<PairFigures> all;
+  auto add = [&](const nlohmann::json& j) {
+    for (const auto& r : j)
+      all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["bw"], r["lat"]});
+  };
+  if (c.rank() != 0) {
+    std::string text = rows.dump();
+    uint64_t n = text.size();
+    HMC_RETURN_IF_ERROR(c.send(&n, 8, 0, kResultTag));
+    HMC_RETURN_IF_ERROR(c.send(text.data(), n, 0, kResultTag));
+    return all;
+  }
+  add(rows);
+  for (int r = 1; r < c.size(); ++r) {
+    uint64_t n = 0;
+    HMC_RETURN_IF_ERROR(c.recv(&n, 8, r, kResultTag));
+    std::string text(n, '\0');
+    HMC_RETURN_IF_ERROR(c.recv(text.data(), n, r, kResultTag));
+    add(nlohmann::json::parse(text));
+  }
+  return all;
+}
+
+}  // namespace hmc::probe

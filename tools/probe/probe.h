@@ -1,0 +1,45 @@
+// hmc-probe internals: spawning local ranks, measuring paths, references, printing.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hmc/hmc.h"
+
+namespace hmc::probe {
+
+struct PairFigures {
+  int from = 0, to = 0;
+  std::string provider, reason, peer_host;
+  double bandwidth_gbps = 0;  // one way, `bytes` per message
+  double latency_us = 0;      // half round trip of 8 bytes
+};
+
+struct MeasureOptions {
+  std::size_t bytes = 64u << 20;
+  int iters = 20;
+  int lat_iters = 2000;
+};
+
+// Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
+Result<std::vector<PairFigures>> measure_all(Communicator& comm, const MeasureOptions& opt);
+
+// References measured in one process on this machine, same sizes.
+double memcpy_gbps(std::size_t bytes, int iters);
+double tcp_stream_gbps(std::size_t bytes, int iters);
+
+// Spawns `n` copies of this program as ranks (--rank-worker) and waits for them.
+int run_local(int n, const std::vector<std::string>& worker_args, int timeout_s);
+
+nlohmann::json providers_json(const Context& ctx);
+void print_overview(const Context& ctx);
+void print_config(const Context& ctx);
+void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes,
+                  double memcpy_ref, double tcp_ref);
+nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::size_t bytes,
+                           double memcpy_ref, double tcp_ref);
+
+}  // namespace hmc::probe

@@ -1,0 +1,71 @@
+// References for the matrix, measured in this process on the same machine: a plain memcpy
+// (what shm should approach) and a plain TCP stream over loopback (what tcp should approach).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "probe.h"
+
+namespace hmc::probe {
+
+double memcpy_gbps(std::size_t bytes, int iters) {
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
+  std::memcpy(dst.data(), src.data(), bytes);  // fault the pages in
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    src[i % bytes] = static_cast<uint8_t>(i);
+    std::memcpy(dst.data(), src.data(), bytes);
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return dst[0] == 255 ? 0 : static_cast<double>(bytes) * iters / s / 1e9;
+}
+
+double tcp_stream_gbps(std::size_t bytes, int iters) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) || listen(lfd, 1) ||
+      getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len)) {
+    close(lfd);
+    return 0;
+  }
+  std::thread sender([&] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      std::vector<uint8_t> buf(bytes, 3);
+      for (int i = 0; i < iters + 1; ++i)
+        for (std::size_t off = 0; off < bytes;) {
+          ssize_t n = send(fd, buf.data() + off, bytes - off, 0);
+          if (n <= 0) break;
+          off += n;
+        }
+    }
+    close(fd);
+  });
+  int fd = accept(lfd, nullptr, nullptr);
+  std::vector<uint8_t> buf(bytes);
+  auto t0 = std::chrono::steady_clock::now();
+  std::size_t total = 0, want = bytes * (iters + 1);
+  while (total < want) {
+    ssize_t n = recv(fd, buf.data() + (total % bytes), bytes - (total % bytes), 0);
+    if (n <= 0) break;
+    if (total < bytes && total + n >= bytes) t0 = std::chrono::steady_clock::now();  // first message warms up
+    total += n;
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sender.join();
+  close(fd);
+  close(lfd);
+  return total == want ? static_cast<double>(bytes) * iters / s / 1e9 : 0;
+}
+
+}  // namespace hmc::probe

@@ -1,0 +1,84 @@
+// Printing what hmc-probe found: tables for people, JSON for scripts.
+#include <cstdio>
+
+#include "core/plugin_registry.h"
+#include "probe.h"
+
+namespace hmc::probe {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s.empty() ? "-" : s;
+}
+
+std::string human(std::size_t b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB"};
+  int i = 0;
+  double v = static_cast<double>(b);
+  while (v >= 1024 && i < 3) v /= 1024, ++i;
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.0f %s", v, u[i]);
+  return s;
+}
+
+}  // namespace
+
+nlohmann::json providers_json(const Context& ctx) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& p : ctx.providers())
+    j.push_back({{"name", p.name}, {"kind", p.kind}, {"origin", p.origin}, {"abi_version", p.abi_version},
+                 {"caps", p.cap_names}, {"available", p.available}, {"reason", p.reason}});
+  return j;
+}
+
+void print_overview(const Context& ctx) {
+  std::printf("Providers\n  %-8s %-6s %-4s %-11s %-44s %s\n", "name", "kind", "abi", "status", "capabilities", "origin / reason");
+  for (const auto& p : ctx.providers())
+    std::printf("  %-8s %-6s %-4u %-11s %-44s %s\n", p.name.c_str(), p.kind.c_str(), p.abi_version,
+                p.available ? "available" : "no", join(p.cap_names).c_str(), p.available ? p.origin.c_str() : p.reason.c_str());
+  std::printf("\nDevices\n  %-8s %-8s %-40s %-14s %-5s %s\n", "id", "vendor", "model", "pci", "numa", "memory");
+  for (const auto& d : ctx.devices())
+    std::printf("  %-8s %-8s %-40.40s %-14s %-5d %s\n", d.id.to_string().c_str(), d.vendor.c_str(), d.model.c_str(),
+                d.pci_bus_id.empty() ? "-" : d.pci_bus_id.c_str(), d.numa_node, human(d.memory_bytes).c_str());
+  std::printf("\n");
+  print_config(ctx);
+}
+
+void print_config(const Context& ctx) {
+  std::printf("Configuration (environment variables; 'foreign' ones belong to launchers)\n");
+  std::printf("  %-24s %-9s %-10s %-10s %s\n", "name", "type", "default", "value", "help");
+  for (const auto& e : ctx.config())
+    std::printf("  %-24s %-9s %-10s %-10s %s\n", e.name.c_str(), e.type.c_str(),
+                e.default_value.empty() ? "-" : e.default_value.c_str(),
+                e.source == "default" ? "" : (e.value + " (" + e.source + ")").c_str(), e.help.c_str());
+}
+
+void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
+  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s messages, latency half a round trip of 8 B)\n",
+              size, human(bytes).c_str());
+  std::printf("  %-5s %-5s %-6s %10s %10s  %s\n", "from", "to", "path", "GB/s", "lat us", "why");
+  for (const auto& f : figs)
+    std::printf("  %-5d %-5d %-6s %10.2f %10.1f  %s\n", f.from, f.to, f.provider.c_str(), f.bandwidth_gbps, f.latency_us,
+                f.reason.c_str());
+  std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
+              human(bytes).c_str(), memcpy_ref, tcp_ref);
+  for (const auto& f : figs) {
+    double ref = f.provider == "shm" ? memcpy_ref : f.provider == "tcp" ? tcp_ref : 0;
+    if (ref > 0)
+      std::printf("  %d->%d %s: %.0f%% of %s\n", f.from, f.to, f.provider.c_str(), 100 * f.bandwidth_gbps / ref,
+                  f.provider == "shm" ? "memcpy" : "the plain TCP stream");
+  }
+}
+
+nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
+  nlohmann::json j = {{"ranks", size}, {"bytes", bytes}, {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
+  j["pairs"] = nlohmann::json::array();
+  for (const auto& f : figs)
+    j["pairs"].push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
+                          {"peer_host", f.peer_host}, {"bandwidth_gbps", f.bandwidth_gbps}, {"latency_us", f.latency_us}});
+  return j;
+}
+
+}  // namespace hmc::probe
