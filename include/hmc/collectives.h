@@ -1,0 +1,80 @@
+// Collectives on a Communicator: every one non-blocking (returns a Request); blocking
+// forms are `op(...).wait()`. Buffers may live on any device HMC knows; in-place is
+// send == recv (for all_gather: send == recv + rank * count elements; for
+// reduce_scatter: send == recv - ... see docs/collectives.md). count 0 is a no-op that
+// still completes. Every rank must call the same collectives in the same order with
+// matching arguments; CollOptions::check verifies that at a small cost.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/communicator.h"
+#include "hmc/request.h"
+#include "hmc/types.h"
+
+namespace hmc {
+
+struct CollOptions {
+  // Overrides HMC_ALGO for this call: "ring", "rd" (recursive doubling/halving),
+  // "tree", "pairwise", "" = choose by size and rank count.
+  std::string algorithm;
+  // Verify that all ranks passed the same count, dtype, op and root (an extra
+  // small exchange); a mismatch fails every rank with kMismatch. Default: HMC_COLL_CHECK.
+  std::optional<bool> check;
+};
+
+Request all_reduce(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
+                   ReduceOp op, const CollOptions& opt = {});
+Request reduce(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
+               ReduceOp op, int root, const CollOptions& opt = {});
+Request broadcast(Communicator& comm, void* buf, std::size_t count, DataType dtype, int root,
+                  const CollOptions& opt = {});
+// recv holds size * count elements, rank r's block at r * count.
+Request all_gather(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
+                   const CollOptions& opt = {});
+// send holds size * recv_count elements; rank r receives the reduction of block r.
+Request reduce_scatter(Communicator& comm, const void* send, void* recv, std::size_t recv_count,
+                       DataType dtype, ReduceOp op, const CollOptions& opt = {});
+Request gather(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype, int root,
+               const CollOptions& opt = {});
+Request scatter(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype, int root,
+                const CollOptions& opt = {});
+// send and recv hold size * count elements; block j of send goes to rank j.
+Request all_to_all(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
+                   const CollOptions& opt = {});
+// Counts and displacements in elements, one per rank.
+Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std::size_t>& send_counts,
+                     const std::vector<std::size_t>& send_displs, void* recv,
+                     const std::vector<std::size_t>& recv_counts, const std::vector<std::size_t>& recv_displs,
+                     DataType dtype, const CollOptions& opt = {});
+Request barrier(Communicator& comm, const CollOptions& opt = {});
+
+// Grouped point-to-point: operations posted between group_start and group_end are
+// issued together and complete together through the Request group_end returns.
+class Group {
+ public:
+  explicit Group(Communicator& comm) : comm_(comm) {}
+  Group& send(const void* buf, std::size_t count, DataType dtype, int peer);
+  Group& recv(void* buf, std::size_t count, DataType dtype, int peer);
+  Request end();
+
+ private:
+  struct Item {
+    bool is_send;
+    void* buf;
+    std::size_t bytes;
+    int peer;
+  };
+  Communicator& comm_;
+  std::vector<Item> items_;
+};
+
+// A sub-communicator of the ranks that passed the same color, ordered by (key, rank).
+// A negative color returns an empty Communicator (the rank joins none).
+Result<Communicator> split(Communicator& comm, int color, int key);
+
+}  // namespace hmc
