@@ -71,7 +71,9 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
 
   UniqueId id;
   std::string root = cfg.str("HMC_ROOT");
+  bool start_root = rank == 0;
   if (root.rfind("hmc1:", 0) == 0) {
+    start_root = false;  // a whole unique id: whoever made it hosts the root
     auto parsed = UniqueId::parse(root);
     if (!parsed) return parsed.status();
     id = parsed.value();
@@ -94,7 +96,7 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
       id.secret = derive_secret(job + "|" + root);
     }
   }
-  if (rank == 0) {
+  if (start_root) {
     auto colon = id.root.rfind(':');
     auto port = static_cast<uint16_t>(std::atoi(id.root.c_str() + colon + 1));
     HMC_RETURN_IF_ERROR(ctx.impl().start_root("", port, id.secret));

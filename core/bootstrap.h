@@ -28,7 +28,7 @@ class BootstrapRoot {
   static Result<std::unique_ptr<BootstrapRoot>> start(const std::string& bind_host, uint16_t port,
                                                        const Secret& secret);
   uint16_t port() const;
-  // Waits until every rank has said bye or was lost, so that the process hosting the root can
+  // Waits until every rank has said bye or was lost (at once when no rank ever joined), so that the process hosting the root can
   // destroy it without cutting off ranks that are still talking to it.
   Status wait_finished(Clock::time_point deadline);
   // Stops the thread and closes everything; gives queued replies at most ~250 ms to drain.

@@ -2,6 +2,7 @@
 // and reports lost ranks. Threads and locks: all job state lives on the io thread and needs no
 // lock. The only lock, mu_, guards the "finished" summary that wait_finished() reads; the io
 // thread takes it briefly to publish and never holds it during I/O.
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -46,6 +47,7 @@ class BootstrapRoot::Impl {
   void launch();
   uint16_t port() const { return port_; }
   Status wait_finished(Clock::time_point deadline);
+  bool any_joined() const { return joined_.load(); }
 
  private:
   enum class RankState : uint8_t { kAbsent, kJoined, kFinalized, kLost };
@@ -105,6 +107,7 @@ class BootstrapRoot::Impl {
   std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = false;
+  std::atomic<bool> joined_{false};  // a rank ever joined: only then is waiting for the job meaningful
   std::string unfinished_ = "no rank has joined yet";
 };
 
@@ -282,6 +285,7 @@ void BootstrapRoot::Impl::on_hello(Link& link, Type type, const std::vector<uint
   link.rank = rank;
   link.set_max_payload(wire::kMaxPayload);
   state_[rank] = RankState::kJoined;
+  joined_ = true;
   links_[rank] = self;
   link.send(wire::Writer(Type::kWelcome).finish());
   // A late joiner learns of earlier losses at once rather than at its first call's deadline.
@@ -498,6 +502,9 @@ Result<std::unique_ptr<BootstrapRoot>> BootstrapRoot::start(const std::string& b
 
 uint16_t BootstrapRoot::port() const { return impl_->port(); }
 
-Status BootstrapRoot::wait_finished(Clock::time_point deadline) { return impl_->wait_finished(deadline); }
+Status BootstrapRoot::wait_finished(Clock::time_point deadline) {
+  if (!impl_->any_joined()) return Status::ok_status();
+  return impl_->wait_finished(deadline);
+}
 
 }  // namespace hmc::core

@@ -87,6 +87,11 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
 }
 
 ContextImpl::~ContextImpl() {
+  // A root outliving its host's last call must still serve the other ranks' goodbyes.
+  auto until = Clock::now() + std::min(timeout_, std::chrono::milliseconds(30000));
+  for (auto& root : roots_)
+    if (Status s = root->wait_finished(until); !s.ok())
+      HMC_LOG("core", warn, "closing the bootstrap root before the job finished: {}", s.message());
   engine_->close();
   roots_.clear();
 }

@@ -215,7 +215,8 @@ void CommImpl::mark_lost(Peer& p, Status why) {
     why = {ErrorCode::kPeerLost, why.message()};
   if (why.message().find("rank " + std::to_string(p.rank)) == std::string::npos)
     why = {why.code(), describe(p) + ": " + why.message()};
-  HMC_LOG("core", warn, "peer lost: {}", why.message());
+  // After finalize/abort closing connections is expected: not worth a warning.
+  if (state_.load() == 0) HMC_LOG("core", warn, "peer lost: {}", why.message());
   p.lost = why;
   for (auto& r : p.posted) r.op->fail(why);
   for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
