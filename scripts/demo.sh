@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/install-deps.sh"
 "$here/scripts/build.sh"
-bin=${HMC_BUILD_DIR:-$here/build}/bin
+bin=${BUILD_DIR:-$here/build}/bin
 echo; echo "== hmc-probe: providers, devices, configuration"; echo
 "$bin/hmc-probe"
 echo; echo "== hmc-probe --local 3: three ranks, every pair measured (same-host paths)"; echo

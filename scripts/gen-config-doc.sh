@@ -3,4 +3,4 @@
 # cannot drift from the code. Run after adding a setting: scripts/gen-config-doc.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-"${HMC_BUILD_DIR:-$here/build}/bin/hmc-probe" --json | python3 "$here/scripts/config_doc.py" > "$here/docs/configuration.md"
+"${BUILD_DIR:-$here/build}/bin/hmc-probe" --json | python3 "$here/scripts/config_doc.py" > "$here/docs/configuration.md"

@@ -5,5 +5,5 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/install-deps.sh"
 "$here/scripts/build.sh"
-cd "${HMC_BUILD_DIR:-$here/build}"
+cd "${BUILD_DIR:-$here/build}"
 ctest --output-on-failure --timeout 600 "$@"
