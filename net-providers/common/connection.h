@@ -1,0 +1,187 @@
+// One framed, bidirectional connection over a stream socket (TCP or Unix).
+//
+// Threads. The socket and the reader/writer state belong to the provider's io
+// thread. Caller threads only queue work under mu_ (send queue, posted
+// receives, buffered messages, state) and poke the io thread. Requests are
+// completed on the io thread and the host is woken.
+//
+// Writes are FIFO: frames leave in the order send_msg/put were called, as one
+// scatter/gather write of headers and user buffers (user data is never copied).
+// A direct put (shm single copy) waits at the head of the queue until the
+// frames before it are written, runs on the io thread, and only then lets the
+// frames behind it go: a message sent after a put arrives after the data.
+// Control frames (ack/nak) may overtake queued data; they carry no user data.
+//
+// Reads go through a small staging buffer for headers and small payloads;
+// large payloads are received straight into the posted receive buffer or the
+// registered region. Puts into a region are bounds- and key-checked here, on
+// the target, whatever the sender checked.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/frame.h"
+#include "common/request.h"
+#include "common/rkey.h"
+
+namespace hmc_net {
+
+class StreamProvider;
+
+// A put the provider performs itself (shm: process_vm_writev), in queue order.
+struct DirectPut {
+  const char* src = nullptr;
+  uint64_t len = 0;
+  uint64_t offset = 0;
+  Rkey rkey{};
+  uint64_t done = 0;  // bytes written so far
+};
+
+// Return values of StreamProvider::direct_put besides 0 and HMC_PROV_ERR_*.
+inline constexpr int kDirectMore = 2;       // progressed; call again
+inline constexpr int kDirectUseStream = 3;  // cannot write directly; send through the socket
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  using Socket = boost::asio::generic::stream_protocol::socket;
+  using Endpoint = boost::asio::generic::stream_protocol::endpoint;
+  // Called on the io thread once an accepted connection's hello arrived (ok)
+  // or the connection died before that (!ok).
+  using HelloHandler = std::function<void(const std::shared_ptr<Connection>&, bool ok)>;
+
+  Connection(StreamProvider& owner, Socket socket, std::string peer);
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Setup. queue_hello before start_connect, from the creating thread.
+  void queue_hello(const void* hello, size_t len);
+  void start_connect(const Endpoint& endpoint);  // io thread
+  void start_accepted(HelloHandler on_hello);    // io thread
+
+  // Caller threads. Each returns 0 when queued, else the error (no request kept).
+  int status() const { return state_.load(std::memory_order_acquire); }
+  int send_msg(const void* buf, size_t len, Request* req);
+  int recv_msg(void* buf, size_t cap, Request* req);
+  int put(const void* src, size_t len, const Rkey& rkey, uint64_t offset, bool direct,
+          Request* req);
+  const std::vector<char>& hello() const { return hello_; }
+
+  // io thread: fail everything pending with `code` and close the socket.
+  void close(int code, const std::string& why);
+
+  // Peer details, set by the provider's on_open hook (io thread).
+  Socket& socket() { return socket_; }
+  const std::string& peer() const { return peer_; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
+  int peer_pid() const { return peer_pid_.load(std::memory_order_relaxed); }
+  void set_peer_pid(int pid) { peer_pid_.store(pid, std::memory_order_relaxed); }
+  bool direct_ok() const { return direct_ok_.load(std::memory_order_relaxed); }
+  void disable_direct() { direct_ok_.store(false, std::memory_order_relaxed); }
+
+ private:
+  struct OutItem {
+    FrameHeader hdr{};
+    const char* data = nullptr;
+    std::unique_ptr<char[]> owned;  // hello and nak text are copied
+    Request* req = nullptr;
+    std::unique_ptr<DirectPut> direct;
+  };
+  struct PostedRecv {
+    char* buf;
+    size_t cap;
+    Request* req;
+  };
+  struct Message {
+    std::unique_ptr<char[]> data;
+    size_t len = 0;
+  };
+  struct AwaitAck {
+    Request* req;
+    uint64_t len;
+    uint64_t seq;
+  };
+  static constexpr size_t kStageSize = 64 * 1024;  // headers and small payloads
+  enum class Sink : uint8_t { none, hello, recv, unexpected, put, refused_put, nak_text, discard };
+  // The frame being received.
+  struct Incoming {
+    FrameHeader hdr{};
+    Sink sink = Sink::none;  // none: expecting a header
+    char* dest = nullptr;
+    uint64_t total = 0;
+    uint64_t got = 0;
+    Request* recv = nullptr;
+    Message msg;
+    std::string why;
+  };
+
+  bool closed() const { return closed_; }
+  void kick_locked();
+  void deliver(const PostedRecv& r, Message& m);
+  void lost(const boost::system::error_code& ec);
+  bool protocol_error(const std::string& what);
+
+  // Reader (connection_read.cpp).
+  void start_reading();
+  void wait_readable();
+  void read_loop();
+  void read_turn();
+  bool drain_stage();
+  bool on_header();
+  void begin_payload(Sink sink, char* dest, uint64_t total);
+  bool take(const char* p, size_t n);
+  bool read_direct(boost::system::error_code& ec);
+  void refuse_put(const std::string& why);
+  bool finish_payload();
+
+  // Writer (connection_write.cpp).
+  void pump();
+  bool run_direct(size_t& budget);
+  void write_batch();
+  void write_more();
+  void on_written(const boost::system::error_code& ec);
+  void queue_ctrl(FrameHeader h, std::string text = {});
+
+  StreamProvider& owner_;
+  Socket socket_;
+  std::string peer_;
+  std::atomic<int> peer_pid_{0};
+  std::atomic<bool> direct_ok_{true};
+  std::atomic<int> state_{HMC_PROV_IN_PROGRESS};  // 1 connecting, 0 open, <0 failed
+
+  // Shared with caller threads.
+  std::mutex mu_;
+  std::string why_;  // why the connection failed
+  std::deque<OutItem> send_q_;
+  std::deque<PostedRecv> posted_;
+  std::deque<Message> unexpected_;
+  bool pump_armed_ = false;  // a pump is posted or a write will pump when done
+
+  // io thread only.
+  bool closed_ = false;
+  bool awaiting_hello_ = false;
+  HelloHandler on_hello_;
+  std::vector<char> hello_;
+  std::unique_ptr<char[]> stage_;
+  size_t stage_begin_ = 0;
+  size_t stage_end_ = 0;
+  Incoming in_;
+  std::deque<OutItem> ctrl_q_;
+  std::vector<OutItem> batch_;
+  std::vector<boost::asio::const_buffer> bufs_;
+  bool writing_ = false;
+  size_t write_index_ = 0;           // first buffer of bufs_ not fully sent
+  size_t write_offset_ = 0;          // bytes of it already sent
+  std::unique_ptr<OutItem> direct_;  // the direct put being executed
+  std::deque<AwaitAck> await_ack_;
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace hmc_net

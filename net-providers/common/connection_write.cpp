@@ -1,0 +1,207 @@
+// The writer: one scatter/gather write at a time, FIFO, user buffers in place.
+//
+// pump() runs on the io thread whenever something may be writable: after a
+// caller queued work (kick_locked), after a write completed, after the reader
+// queued an ack/nak. Direct puts at the head of the queue run first, in steps,
+// so a large single-copy put does not stall the other connections for long.
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include "common/connection.h"
+#include "common/stream_provider.h"
+
+namespace hmc_net {
+
+namespace {
+constexpr size_t kMaxBatch = 32;                    // frames per write (64 iovecs)
+constexpr size_t kDirectBudget = size_t{64} << 20;  // direct-put bytes per pump
+constexpr int kWritesPerTurn = 16;                  // sendmsg calls before yielding
+}  // namespace
+
+void Connection::pump() {
+  if (closed() || writing_) return;
+  try {
+    size_t budget = kDirectBudget;
+    for (;;) {
+      if (!direct_) {
+        std::lock_guard lock(mu_);
+        if (!send_q_.empty() && send_q_.front().direct) {
+          direct_ = std::make_unique<OutItem>(std::move(send_q_.front()));
+          send_q_.pop_front();
+        }
+      }
+      if (!direct_) break;
+      if (!run_direct(budget) || closed()) return;
+    }
+    write_batch();
+  } catch (const std::bad_alloc&) {
+    close(HMC_PROV_ERR_NO_MEMORY, "out of memory while sending to " + peer_);
+  } catch (const std::exception& e) {
+    close(HMC_PROV_ERR_INTERNAL, std::string("internal error while sending: ") + e.what());
+  }
+}
+
+// One step of the direct put at the head. False when it yielded (a pump is posted).
+bool Connection::run_direct(size_t& budget) {
+  if (budget == 0) {
+    boost::asio::post(owner_.io(), [self = shared_from_this()] { self->pump(); });
+    return false;
+  }
+  DirectPut& d = *direct_->direct;
+  const uint64_t before = d.done;
+  std::string why;
+  int rc = owner_.direct_put(*this, d, budget, why);
+  const uint64_t moved = d.done - before;
+  budget = moved >= budget ? 0 : budget - static_cast<size_t>(moved);
+  if (rc == kDirectMore) return true;
+  if (rc == kDirectUseStream) {
+    // Same place in the queue, now as a socket put (target checks and acks).
+    OutItem item;
+    item.hdr = make_header(FrameType::put, d.len);
+    item.hdr.region = d.rkey.region;
+    item.hdr.key = d.rkey.key;
+    item.hdr.offset = d.offset;
+    item.data = d.src;
+    item.req = direct_->req;
+    direct_.reset();
+    std::lock_guard lock(mu_);
+    send_q_.push_front(std::move(item));
+    return true;
+  }
+  Request* req = direct_->req;
+  const uint64_t len = d.len;
+  direct_.reset();
+  if (rc == HMC_PROV_OK) {
+    req->complete(len);
+  } else {
+    req->fail(rc, why);
+  }
+  owner_.host().wake();
+  return true;
+}
+
+void Connection::write_batch() {
+  batch_.clear();
+  bufs_.clear();
+  while (!ctrl_q_.empty() && batch_.size() < kMaxBatch) {
+    batch_.push_back(std::move(ctrl_q_.front()));
+    ctrl_q_.pop_front();
+  }
+  {
+    std::lock_guard lock(mu_);
+    while (!send_q_.empty() && batch_.size() < kMaxBatch && !send_q_.front().direct) {
+      batch_.push_back(std::move(send_q_.front()));
+      send_q_.pop_front();
+    }
+    if (batch_.empty()) {
+      pump_armed_ = false;
+      return;
+    }
+  }
+  for (OutItem& item : batch_) {
+    if (item.hdr.type == static_cast<uint16_t>(FrameType::put)) {
+      // Await the ack from now on: it can only come after these bytes are out.
+      item.hdr.seq = next_seq_++;
+      await_ack_.push_back(AwaitAck{item.req, item.hdr.length, item.hdr.seq});
+      item.req = nullptr;
+    }
+    bufs_.emplace_back(&item.hdr, sizeof(FrameHeader));
+    if (item.hdr.length > 0) bufs_.emplace_back(item.data, item.hdr.length);
+  }
+  write_index_ = 0;
+  write_offset_ = 0;
+  writing_ = true;
+  write_more();
+}
+
+// Sends as much of bufs_ as the socket takes, one sendmsg per call over every
+// remaining buffer (asio's async_write would cut it into 64 KiB writes), and
+// waits for writability only when the kernel's buffer is full.
+void Connection::write_more() {
+  iovec iov[2 * kMaxBatch];
+  for (int turn = 0;; ++turn) {
+    if (turn == kWritesPerTurn) {  // let the other connections (and our reader) in
+      boost::asio::post(owner_.io(), [self = shared_from_this()] {
+        if (!self->closed()) self->write_more();
+      });
+      return;
+    }
+    size_t count = 0;
+    for (size_t i = write_index_; i < bufs_.size(); ++i) {
+      const size_t skip = i == write_index_ ? write_offset_ : 0;
+      iov[count].iov_base = const_cast<char*>(static_cast<const char*>(bufs_[i].data()) + skip);
+      iov[count].iov_len = bufs_[i].size() - skip;
+      ++count;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        socket_.async_wait(Socket::wait_write,
+                           [self = shared_from_this()](const boost::system::error_code& ec) {
+                             if (self->closed()) return;
+                             if (ec) {
+                               self->on_written(ec);
+                             } else {
+                               self->write_more();
+                             }
+                           });
+        return;
+      }
+      on_written(boost::system::error_code(errno, boost::system::system_category()));
+      return;
+    }
+    auto left = static_cast<size_t>(n);
+    while (write_index_ < bufs_.size() && left >= bufs_[write_index_].size() - write_offset_) {
+      left -= bufs_[write_index_].size() - write_offset_;
+      ++write_index_;
+      write_offset_ = 0;
+    }
+    write_offset_ += left;
+    if (write_index_ == bufs_.size()) {
+      on_written({});
+      return;
+    }
+  }
+}
+
+void Connection::on_written(const boost::system::error_code& ec) {
+  writing_ = false;
+  if (!closed() && ec) lost(ec);
+  if (closed()) {
+    batch_.clear();  // requests were failed by close()
+    return;
+  }
+  bool completed = false;
+  for (OutItem& item : batch_) {
+    if (item.req != nullptr) {
+      item.req->complete(item.hdr.length);
+      completed = true;
+    }
+  }
+  batch_.clear();
+  if (completed) owner_.host().wake();
+  pump();
+}
+
+void Connection::queue_ctrl(FrameHeader h, std::string text) {
+  OutItem item;
+  item.hdr = h;
+  item.hdr.length = text.size();
+  if (!text.empty()) {
+    item.owned.reset(new char[text.size()]);
+    std::memcpy(item.owned.get(), text.data(), text.size());
+    item.data = item.owned.get();
+  }
+  ctrl_q_.push_back(std::move(item));
+  pump();
+}
+
+}  // namespace hmc_net

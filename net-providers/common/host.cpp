@@ -1,0 +1,121 @@
+#include "common/host.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+
+namespace hmc_net {
+
+Host::Host(const hmc_host_services_t& services, const char* provider)
+    : services_(services), provider_(provider) {}
+
+bool Host::check(const hmc_host_services_t* s, std::string& why) {
+  if (s == nullptr) {
+    why = "no host services";
+  } else if (s->struct_size < sizeof(hmc_host_services_t)) {
+    why = "host services table too small (" + std::to_string(s->struct_size) + " < " +
+          std::to_string(sizeof(hmc_host_services_t)) + " bytes)";
+  } else if (s->log == nullptr || s->config_get == nullptr || s->wake == nullptr) {
+    why = "host services lack log, config_get or wake";
+  } else {
+    return true;
+  }
+  return false;
+}
+
+void Host::log(int level, const std::string& message) const {
+  services_.log(services_.host, level, provider_, message.c_str());
+}
+
+bool Host::get_string(const hmc_param_t& param, std::string& out, std::string& why) const {
+  char value[4096];
+  int rc = services_.config_get(services_.host, param.name, value, sizeof(value));
+  if (rc == 0) {
+    out.assign(value, strnlen(value, sizeof(value)));
+  } else if (rc == 1) {
+    out = param.default_value;
+  } else {
+    why = std::string(param.name) + ": value too long or unreadable";
+    return false;
+  }
+  return true;
+}
+
+bool Host::get_size(const hmc_param_t& param, uint64_t& out, std::string& why) const {
+  std::string text;
+  if (!get_string(param, text, why)) return false;
+  if (parse_size(text, out)) return true;
+  why = std::string(param.name) + ": malformed size '" + text +
+        "' (expected bytes, e.g. 1048576, 64K or 4M)";
+  return false;
+}
+
+bool Host::get_bool(const hmc_param_t& param, bool& out, std::string& why) const {
+  std::string text;
+  if (!get_string(param, text, why)) return false;
+  if (parse_bool(text, out)) return true;
+  why = std::string(param.name) + ": malformed bool '" + text + "' (expected 1/0, true/false)";
+  return false;
+}
+
+bool Host::get_int(const hmc_param_t& param, int64_t min, int64_t max, int64_t& out,
+                   std::string& why) const {
+  std::string text;
+  if (!get_string(param, text, why)) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  if (ec == std::errc() && ptr == end && !text.empty() && out >= min && out <= max) return true;
+  why = std::string(param.name) + ": malformed integer '" + text + "' (expected " +
+        std::to_string(min) + ".." + std::to_string(max) + ")";
+  return false;
+}
+
+bool parse_size(const std::string& text, uint64_t& out) {
+  uint64_t value = 0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (ec != std::errc() || ptr == begin) return false;
+  std::string suffix(ptr, end);
+  std::transform(suffix.begin(), suffix.end(), suffix.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  int shift = 0;
+  if (suffix.empty() || suffix == "b") {
+    shift = 0;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    shift = 30;
+  } else {
+    return false;
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
+  out = value << shift;
+  return true;
+}
+
+bool parse_bool(const std::string& text, bool& out) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "1" || t == "true" || t == "yes" || t == "on") {
+    out = true;
+  } else if (t == "0" || t == "false" || t == "no" || t == "off") {
+    out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void copy_text(const std::string& text, char* out, size_t cap) {
+  if (out == nullptr || cap == 0) return;
+  size_t n = std::min(text.size(), cap - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+}  // namespace hmc_net

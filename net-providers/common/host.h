@@ -1,0 +1,45 @@
+// What a stream provider asks of libhmc: logging, parameter values, wake-ups.
+//
+// Parameters are read only through host->config_get (never getenv) and parsed
+// against the provider's own hmc_param_t table, whose default text is the single
+// source of defaults. A malformed value is an init error with a reason.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "hmc/provider/common.h"
+
+namespace hmc_net {
+
+class Host {
+ public:
+  Host(const hmc_host_services_t& services, const char* provider);
+
+  // False with `why` when the services table is too small or lacks a callback.
+  static bool check(const hmc_host_services_t* services, std::string& why);
+
+  void log(int level, const std::string& message) const;
+  void wake() const { services_.wake(services_.host); }
+  const char* provider() const { return provider_; }
+
+  // Each returns false with `why` naming the parameter when its value is malformed.
+  bool get_string(const hmc_param_t& param, std::string& out, std::string& why) const;
+  bool get_size(const hmc_param_t& param, uint64_t& out, std::string& why) const;
+  bool get_bool(const hmc_param_t& param, bool& out, std::string& why) const;
+  bool get_int(const hmc_param_t& param, int64_t min, int64_t max, int64_t& out,
+               std::string& why) const;
+
+ private:
+  hmc_host_services_t services_;
+  const char* provider_;
+};
+
+// Parsers, exposed for reuse: "4M", "4MiB", "64k", "1048576"; "1/0/true/false/on/off/yes/no".
+bool parse_size(const std::string& text, uint64_t& out);
+bool parse_bool(const std::string& text, bool& out);
+
+// Copies `text` into a C buffer, truncating, always NUL-terminated when cap > 0.
+void copy_text(const std::string& text, char* out, size_t cap);
+
+}  // namespace hmc_net

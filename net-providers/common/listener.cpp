@@ -1,0 +1,78 @@
+#include "common/listener.h"
+
+#include <cstring>
+
+#include "common/stream_provider.h"
+
+namespace hmc_net {
+
+Listener::Listener(StreamProvider& owner, Acceptor acceptor, std::string addr)
+    : owner_(owner), acceptor_(std::move(acceptor)), addr_(std::move(addr)), retry_(owner.io()) {}
+
+void Listener::start() { accept_next(); }
+
+void Listener::accept_next() {
+  acceptor_.async_accept(
+      [self = shared_from_this()](const boost::system::error_code& ec, Connection::Socket socket) {
+        if (self->closed_) return;
+        if (ec) {
+          // Out of descriptors and the like: say so and try again shortly.
+          self->owner_.host().log(HMC_LOG_WARN,
+                                  "accept on " + self->addr_ + " failed: " + ec.message());
+          self->retry_.expires_after(std::chrono::milliseconds(100));
+          self->retry_.async_wait([self](const boost::system::error_code& e) {
+            if (!e && !self->closed_) self->accept_next();
+          });
+          return;
+        }
+        auto conn = std::make_shared<Connection>(self->owner_, std::move(socket), std::string());
+        self->handshaking_.insert(conn);
+        std::weak_ptr<Listener> weak = self;
+        conn->start_accepted([weak](const std::shared_ptr<Connection>& c, bool ok) {
+          if (auto l = weak.lock()) l->on_hello(c, ok);
+        });
+        self->accept_next();
+      });
+}
+
+void Listener::on_hello(const std::shared_ptr<Connection>& conn, bool ok) {
+  handshaking_.erase(conn);
+  if (!ok || closed_) return;
+  {
+    std::lock_guard lock(mu_);
+    ready_.push_back(conn);
+  }
+  owner_.host().wake();
+}
+
+int Listener::pop(std::shared_ptr<Connection>& out, void* hello, size_t hello_cap,
+                  size_t* hello_len) {
+  std::lock_guard lock(mu_);
+  if (ready_.empty()) return HMC_PROV_IN_PROGRESS;
+  const std::vector<char>& h = ready_.front()->hello();
+  if (hello_len != nullptr) *hello_len = h.size();
+  if (h.size() > hello_cap || (hello == nullptr && !h.empty())) return HMC_PROV_ERR_TRUNCATED;
+  if (!h.empty()) std::memcpy(hello, h.data(), h.size());
+  out = std::move(ready_.front());
+  ready_.pop_front();
+  return HMC_PROV_OK;
+}
+
+void Listener::close() {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  retry_.cancel();
+  auto pending = std::move(handshaking_);
+  handshaking_.clear();
+  std::deque<std::shared_ptr<Connection>> ready;
+  {
+    std::lock_guard lock(mu_);
+    ready.swap(ready_);
+  }
+  for (auto& c : pending) c->close(HMC_PROV_ERR_CLOSED, "listener closed");
+  for (auto& c : ready) c->close(HMC_PROV_ERR_CLOSED, "listener closed");
+}
+
+}  // namespace hmc_net

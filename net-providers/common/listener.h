@@ -1,0 +1,47 @@
+// A listening socket: accepts connections on the io thread, waits for each
+// one's hello, then hands it to `accept` (which never blocks).
+#pragma once
+
+#include <boost/asio/basic_socket_acceptor.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "common/connection.h"
+
+namespace hmc_net {
+
+class StreamProvider;
+
+class Listener : public std::enable_shared_from_this<Listener> {
+ public:
+  using Acceptor = boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol>;
+
+  Listener(StreamProvider& owner, Acceptor acceptor, std::string addr);
+
+  void start();  // io thread
+  void close();  // io thread: stop accepting, close connections not yet accepted
+  // Caller threads: 0 with `out` and the hello, 1 when none waits,
+  // HMC_PROV_ERR_TRUNCATED (nothing taken, *hello_len = size) when the hello does not fit.
+  int pop(std::shared_ptr<Connection>& out, void* hello, size_t hello_cap, size_t* hello_len);
+  const std::string& addr() const { return addr_; }
+
+ private:
+  void accept_next();
+  void on_hello(const std::shared_ptr<Connection>& conn, bool ok);
+
+  StreamProvider& owner_;
+  Acceptor acceptor_;
+  std::string addr_;
+  boost::asio::steady_timer retry_;
+  bool closed_ = false;                                          // io thread
+  std::unordered_set<std::shared_ptr<Connection>> handshaking_;  // io thread
+  std::mutex mu_;
+  std::deque<std::shared_ptr<Connection>> ready_;
+};
+
+}  // namespace hmc_net

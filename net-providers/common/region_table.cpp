@@ -1,0 +1,79 @@
+#include "common/region_table.h"
+
+#include <random>
+
+namespace hmc_net {
+namespace {
+
+uint64_t random_key() {
+  static std::mutex mu;
+  static std::random_device device;
+  std::lock_guard lock(mu);
+  uint64_t k = 0;
+  while (k == 0) k = (uint64_t{device()} << 32) ^ device();
+  return k;
+}
+
+}  // namespace
+
+void* RegionTable::add(void* ptr, uint64_t len) {
+  uint64_t key = random_key();
+  std::lock_guard lock(mu_);
+  Slot* s;
+  if (!free_.empty()) {
+    s = &slots_[free_.back()];
+    free_.pop_back();
+  } else {
+    s = &slots_.emplace_back();
+    s->id = slots_.size() - 1;
+  }
+  s->ptr = static_cast<char*>(ptr);
+  s->len = len;
+  s->key = key;
+  auto addr = reinterpret_cast<uint64_t>(ptr);
+  s->desc.addr.store(addr, std::memory_order_relaxed);
+  s->desc.len.store(len, std::memory_order_relaxed);
+  s->desc.check.store(desc_check(key, addr, len), std::memory_order_relaxed);
+  s->desc.key.store(key, std::memory_order_release);
+  live_.insert(s);
+  return s;
+}
+
+bool RegionTable::remove(void* handle) {
+  std::lock_guard lock(mu_);
+  auto* s = static_cast<Slot*>(handle);
+  if (live_.erase(s) == 0) return false;
+  s->desc.key.store(0, std::memory_order_release);
+  s->desc.check.store(0, std::memory_order_relaxed);
+  s->key = 0;
+  s->ptr = nullptr;
+  s->len = 0;
+  free_.push_back(s->id);
+  return true;
+}
+
+bool RegionTable::info(void* handle, RegionInfo& out) {
+  std::lock_guard lock(mu_);
+  auto* s = static_cast<Slot*>(handle);
+  if (!live_.contains(s)) return false;
+  out = RegionInfo{s->id, s->key, s->ptr, s->len, &s->desc};
+  return true;
+}
+
+bool RegionTable::find_locked(uint64_t id, uint64_t key, uint64_t offset, uint64_t len, char*& dest,
+                              std::string& why) {
+  if (id >= slots_.size() || slots_[id].key == 0 || slots_[id].key != key) {
+    why = "region " + std::to_string(id) + " is not registered (stale or forged remote key)";
+    return false;
+  }
+  Slot& s = slots_[id];
+  if (offset > s.len || len > s.len - offset) {
+    why = "write of " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
+          " leaves region " + std::to_string(id) + " (" + std::to_string(s.len) + " bytes)";
+    return false;
+  }
+  dest = s.ptr + offset;
+  return true;
+}
+
+}  // namespace hmc_net

@@ -1,0 +1,35 @@
+// Packed remote key shared by the stream providers.
+//
+// tcp fills magic/region/key/length; the target checks region and key against
+// its table, so a forged or stale key is refused there. shm also carries the
+// owner's pid, the region address and the address of the region's descriptor:
+// the initiator reads the descriptor with process_vm_readv before every
+// single-copy write, so the target's table stays the authority there as well.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace hmc_net {
+
+struct Rkey {
+  uint32_t magic;  // provider magic: a tcp key is not an shm key
+  uint32_t version;
+  uint64_t region;  // region id (slot in the owner's table)
+  uint64_t key;     // random per registration
+  uint64_t length;  // region length, lets the initiator refuse early
+  uint64_t pid;     // shm: owner process (informational; the socket's peer pid is used)
+  uint64_t addr;    // shm: region start in the owner
+  uint64_t desc;    // shm: address of the region descriptor in the owner
+};
+
+inline constexpr uint32_t kRkeyVersion = 1;
+
+inline bool unpack_rkey(const void* blob, size_t len, uint32_t magic, Rkey& out) {
+  if (blob == nullptr || len != sizeof(Rkey)) return false;
+  std::memcpy(&out, blob, sizeof(Rkey));
+  return out.magic == magic && out.version == kRkeyVersion;
+}
+
+}  // namespace hmc_net

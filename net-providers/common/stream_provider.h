@@ -1,0 +1,102 @@
+// Provider state shared by the stream providers (tcp, shm): one io_context and
+// its thread, the connection/listener/region/request tables, and the generic
+// half of the net ABI. A transport derives from it and supplies sockets,
+// addresses and, optionally, a direct (single-copy) put.
+//
+// Lock order: mu_ (tables) -> Connection::mu_ / Listener::mu_ -> request table.
+// RegionTable::mutex() is taken alone. Host callbacks are never made while
+// mu_ is held.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "common/connection.h"
+#include "common/host.h"
+#include "common/listener.h"
+#include "common/region_table.h"
+#include "common/request.h"
+#include "hmc/provider/net.h"
+
+namespace hmc_net {
+
+class StreamProvider {
+ public:
+  using Socket = Connection::Socket;
+  using Endpoint = Connection::Endpoint;
+  using Acceptor = Listener::Acceptor;
+
+  StreamProvider(const hmc_host_services_t& host, const char* name);
+  StreamProvider(const StreamProvider&) = delete;
+  StreamProvider& operator=(const StreamProvider&) = delete;
+  virtual ~StreamProvider();
+
+  // Reads parameters; non-zero with `why` refuses init.
+  virtual int configure(std::string& why) = 0;
+  void start();     // starts the io thread
+  void shutdown();  // closes everything (pending requests fail CLOSED) and joins
+
+  Host& host() { return host_; }
+  boost::asio::io_context& io() { return io_; }
+  RegionTable& regions() { return regions_; }
+
+  // The generic half of hmc_net_provider_t (see net.h for each contract).
+  int listen(const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len, void** listener);
+  int close_listener(void* listener);
+  int connect(const void* addr, size_t addr_len, const void* hello, size_t hello_len, void** conn);
+  int conn_status(void* conn);
+  int accept(void* listener, void** conn, void* hello, size_t hello_cap, size_t* hello_len);
+  int close_conn(void* conn);
+  int send_msg(void* conn, const void* buf, size_t len, void** req);
+  int recv_msg(void* conn, void* buf, size_t cap, void** req);
+  int reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr);
+  int dereg_mem(void* mr);
+  int pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
+  int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
+          uint64_t offset, void** req);
+  int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
+
+  // Transport hooks called by Connection on the io thread.
+  // After connect/accept: socket options, peer description, peer pid.
+  virtual void on_open(Connection& conn) = 0;
+  // One step (at most `budget` bytes) of a direct put: 0 done, kDirectMore,
+  // kDirectUseStream, or HMC_PROV_ERR_* with `why`.
+  virtual int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why);
+
+ protected:
+  virtual uint32_t rkey_magic() const = 0;
+  // Adds transport fields (shm: pid, address, descriptor) to a packed key.
+  virtual void fill_rkey(Rkey& rkey, const RegionInfo& region) const {}
+  // Whether puts on this connection go through direct_put.
+  virtual bool use_direct(const Connection& conn) const { return false; }
+  // Opens, binds and listens; writes the published address.
+  virtual int open_listener(const char* host_hint, Acceptor& acceptor, std::string& addr,
+                            std::string& why) = 0;
+  virtual void listener_closed(const std::string& addr) {}
+  // Parses a published address, opens `socket` for it, names the peer.
+  virtual int open_socket(const std::string& addr, Socket& socket, Endpoint& endpoint,
+                          std::string& why) = 0;
+
+ private:
+  void run_sync(const std::function<void()>& fn);
+  std::shared_ptr<Connection> find_conn(void* conn);
+
+  Host host_;
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::thread thread_;
+  RegionTable regions_;
+  RequestTable requests_;
+  std::mutex mu_;
+  std::unordered_map<void*, std::shared_ptr<Connection>> conns_;
+  std::unordered_map<void*, std::shared_ptr<Listener>> listeners_;
+};
+
+}  // namespace hmc_net

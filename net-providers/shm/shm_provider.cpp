@@ -1,0 +1,285 @@
+/*
+ * shm: HMC net provider for processes of one host (Linux).
+ *
+ * Capabilities: MSG, PUT, SAME_HOST, MEM_HOST, SINGLE_COPY (host memory only).
+ * Control and messages go over a Unix stream socket bound to a filesystem path
+ * in HMC_SHM_DIR, so peers in other network namespaces (same filesystem) can
+ * connect; the path is unlinked by close_listener and fini.
+ * Puts are single copy: the initiator reads the target region's descriptor
+ * (key, address, length) out of the target with process_vm_readv, checks the
+ * key and bounds, and writes with process_vm_writev (cross-memory attach), on
+ * the io thread, in queue order: frames queued after the put leave only after
+ * the write, which gives net.h's ordering contract. The put completes when the
+ * data is in the target's memory. A peer in this very process gets a memcpy.
+ * If CMA is not permitted (EPERM, ENOSYS, a pid namespace that hides the
+ * peer) the connection falls back to sending put data through the socket,
+ * where the target checks and acks as in tcp (logged once, at info).
+ * init calls prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) so Yama-restricted
+ * kernels let peers attach: any process of the same user may then write this
+ * process's memory, which is what single copy needs (HMC_SHM_CMA=0 avoids it).
+ * Limits: messages up to 1 GiB; deregistering a region while a peer may still
+ * put into it is a host error (the peer's write may already be under way).
+ * Props are model inputs for the cost model, not measurements.
+ */
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <random>
+
+#include "common/stream_ops.h"
+#include "hmc/provider/net.h"
+
+namespace hmc_shm {
+namespace {
+
+using hmc_net::Connection;
+using hmc_net::DirectPut;
+
+const hmc_param_t kParams[] = {
+    {"HMC_SHM_DIR", "string", "/tmp",
+     "directory of the listening Unix sockets (filesystem paths work across network namespaces)"},
+    {"HMC_SHM_CMA", "bool", "1",
+     "single-copy puts with process_vm_writev; 0 sends put data through the socket"},
+};
+
+constexpr uint32_t kRkeyMagic = 0x314d4853;  // "SHM1"
+constexpr double kLatencyUs = 5.0;           // model input: small message, one way
+constexpr double kBandwidthGBps = 10.0;      // model input: large puts, about a memcpy
+// process_vm_writev call size: 4 MiB pieces measured a little faster than one
+// call for the whole put (the kernel pins fewer pages at a time).
+constexpr uint64_t kCmaPiece = uint64_t{4} << 20;
+constexpr size_t kSockNameMax = sizeof(sockaddr_un{}.sun_path) - 1;
+
+struct DescWire {  // RegionDesc as read from the target
+  uint64_t key, addr, len, check;
+};
+static_assert(sizeof(DescWire) == sizeof(hmc_net::RegionDesc));
+
+std::string random_hex() {
+  std::random_device device;
+  char text[17];
+  snprintf(text, sizeof(text), "%08x%08x", device(), device());
+  return text;
+}
+
+class ShmProvider final : public hmc_net::StreamProvider {
+ public:
+  explicit ShmProvider(const hmc_host_services_t& host) : StreamProvider(host, "shm") {}
+
+  int configure(std::string& why) override {
+    if (!host().get_string(kParams[0], dir_, why) || !host().get_bool(kParams[1], cma_, why)) {
+      return HMC_PROV_ERR_INVALID;
+    }
+    struct stat st {};
+    if (dir_.empty() || dir_[0] != '/' || ::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      why = "HMC_SHM_DIR: '" + dir_ + "' is not an existing directory (absolute path)";
+      return HMC_PROV_ERR_INVALID;
+    }
+    if (socket_path(0).size() + 8 > kSockNameMax) {
+      why = "HMC_SHM_DIR: '" + dir_ + "' is too long for a Unix socket path";
+      return HMC_PROV_ERR_INVALID;
+    }
+    if (cma_ && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
+      host().log(HMC_LOG_DEBUG, std::string("prctl(PR_SET_PTRACER) failed: ") + strerror(errno));
+    }
+    return HMC_PROV_OK;
+  }
+
+  void on_open(Connection& conn) override {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    int pid = 0;
+    if (::getsockopt(conn.socket().native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      pid = cred.pid;
+    }
+    conn.set_peer_pid(pid);
+    std::string who = "pid " + std::to_string(pid);
+    conn.set_peer(conn.peer().empty() ? who : who + " at " + conn.peer());
+    if (pid <= 0 && cma_) {
+      conn.disable_direct();
+      host().log(HMC_LOG_INFO, "peer pid not visible (another pid namespace?); puts to " +
+                                   conn.peer() + " go through the socket");
+    }
+  }
+
+  int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) override;
+
+ protected:
+  uint32_t rkey_magic() const override { return kRkeyMagic; }
+
+  void fill_rkey(hmc_net::Rkey& rkey, const hmc_net::RegionInfo& region) const override {
+    rkey.pid = static_cast<uint64_t>(::getpid());
+    rkey.addr = reinterpret_cast<uint64_t>(region.ptr);
+    rkey.desc = reinterpret_cast<uint64_t>(region.desc);
+  }
+
+  bool use_direct(const Connection& conn) const override { return cma_ && conn.direct_ok(); }
+
+  int open_listener(const char*, Acceptor& acceptor, std::string& addr, std::string& why) override {
+    using boost::asio::local::stream_protocol;
+    std::string path = socket_path(++counter_);
+    boost::system::error_code ec;
+    stream_protocol::acceptor a(io());
+    a.open(stream_protocol(), ec);
+    if (!ec) a.bind(stream_protocol::endpoint(path), ec);
+    if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      why = "cannot listen on " + path + ": " + ec.message();
+      if (ec != boost::asio::error::address_in_use) ::unlink(path.c_str());
+      return HMC_PROV_ERR_UNAVAILABLE;
+    }
+    addr = path;
+    acceptor = Acceptor(std::move(a));
+    return HMC_PROV_OK;
+  }
+
+  void listener_closed(const std::string& addr) override { ::unlink(addr.c_str()); }
+
+  int open_socket(const std::string& addr, Socket& socket, Endpoint& endpoint,
+                  std::string& why) override {
+    if (addr.empty() || addr[0] != '/' || addr.size() > kSockNameMax ||
+        addr.find('\0') != std::string::npos) {
+      why = "'" + addr + "' is not an shm address (absolute socket path)";
+      return HMC_PROV_ERR_INVALID;
+    }
+    endpoint = Endpoint(boost::asio::local::stream_protocol::endpoint(addr));
+    boost::system::error_code ec;
+    socket.open(endpoint.protocol(), ec);
+    if (ec) {
+      why = "cannot open a socket for " + addr + ": " + ec.message();
+      return HMC_PROV_ERR_UNAVAILABLE;
+    }
+    return HMC_PROV_OK;
+  }
+
+ private:
+  std::string socket_path(uint64_t n) const {
+    return dir_ + "/hmc-shm-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
+           random_hex() + ".sock";
+  }
+  int fall_back(Connection& conn, int err);
+
+  std::string dir_;
+  bool cma_ = true;
+  std::atomic<uint64_t> counter_{0};
+};
+
+// CMA is not allowed toward this peer: this and later puts use the socket.
+int ShmProvider::fall_back(Connection& conn, int err) {
+  conn.disable_direct();
+  host().log(HMC_LOG_INFO, "cross-memory attach to " + conn.peer() + " unavailable (" +
+                               strerror(err) + "); puts on this connection go through the socket");
+  return hmc_net::kDirectUseStream;
+}
+
+int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) {
+  const pid_t pid = conn.peer_pid();
+  const bool self = pid == ::getpid();
+  const uint64_t region = put.rkey.region;
+  auto lost = [&](int err) {
+    why = "peer lost: process " + std::to_string(pid) + " is gone (" + strerror(err) + ")";
+    return HMC_PROV_ERR_PEER_LOST;
+  };
+
+  // Queued before the connection knew its peer could not be attached to.
+  if (put.done == 0 && (!conn.direct_ok() || pid <= 0)) return hmc_net::kDirectUseStream;
+
+  // The target's table is the authority: read the region descriptor every step.
+  DescWire desc{};
+  iovec local{&desc, sizeof(desc)};
+  iovec remote{reinterpret_cast<void*>(put.rkey.desc), sizeof(desc)};
+  ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n < 0 && (errno == EPERM || errno == ENOSYS) && put.done == 0) return fall_back(conn, errno);
+  if (n < 0 && errno == ESRCH) return lost(errno);
+  if (n != static_cast<ssize_t>(sizeof(desc)) || desc.key == 0 || desc.key != put.rkey.key ||
+      desc.check != hmc_net::desc_check(desc.key, desc.addr, desc.len)) {
+    why = "put refused: region " + std::to_string(region) + " is not registered at " + conn.peer() +
+          " (stale or forged remote key)";
+    return HMC_PROV_ERR_OUT_OF_BOUNDS;
+  }
+  if (put.offset > desc.len || put.len > desc.len - put.offset) {
+    why = "put refused: write of " + std::to_string(put.len) + " bytes at offset " +
+          std::to_string(put.offset) + " leaves region " + std::to_string(region) + " (" +
+          std::to_string(desc.len) + " bytes)";
+    return HMC_PROV_ERR_OUT_OF_BOUNDS;
+  }
+
+  const uint64_t step = std::min<uint64_t>(put.len - put.done, budget);
+  const char* src = put.src + put.done;
+  const uint64_t dst = desc.addr + put.offset + put.done;
+  if (self) {
+    if (step > 0) std::memcpy(reinterpret_cast<void*>(dst), src, step);
+    put.done += step;
+  } else {
+    uint64_t moved = 0;
+    while (moved < step) {
+      const auto piece = static_cast<size_t>(std::min<uint64_t>(step - moved, kCmaPiece));
+      iovec l{const_cast<char*>(src + moved), piece};
+      iovec r{reinterpret_cast<void*>(dst + moved), piece};
+      ssize_t w = ::process_vm_writev(pid, &l, 1, &r, 1, 0);
+      if (w > 0) {
+        moved += static_cast<uint64_t>(w);
+        continue;
+      }
+      int err = w < 0 ? errno : EFAULT;
+      if (err == EINTR) continue;
+      if ((err == EPERM || err == ENOSYS) && put.done == 0 && moved == 0)
+        return fall_back(conn, err);
+      if (err == ESRCH) return lost(err);
+      why = "put to " + conn.peer() + " failed after " + std::to_string(put.done + moved) +
+            " bytes: process_vm_writev: " + strerror(err);
+      return err == EFAULT ? HMC_PROV_ERR_OUT_OF_BOUNDS : HMC_PROV_ERR_INTERNAL;
+    }
+    put.done += moved;
+  }
+  return put.done == put.len ? HMC_PROV_OK : hmc_net::kDirectMore;
+}
+
+int props(void* state, hmc_net_props_t* props) {
+  return hmc_net::ops::fill_props(state, props, kLatencyUs, kBandwidthGBps);
+}
+
+constexpr hmc_net_provider_t kTable = {
+    .struct_size = sizeof(hmc_net_provider_t),
+    .abi_version = HMC_NET_ABI_VERSION,
+    .name = "shm",
+    .caps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST |
+            HMC_NET_CAP_SINGLE_COPY,
+    .params = kParams,
+    .num_params = std::size(kParams),
+    .init = hmc_net::init<ShmProvider>,
+    .fini = hmc_net::ops::fini,
+    .props = props,
+    .listen = hmc_net::ops::listen,
+    .close_listener = hmc_net::ops::close_listener,
+    .connect = hmc_net::ops::connect,
+    .conn_status = hmc_net::ops::conn_status,
+    .accept = hmc_net::ops::accept,
+    .close_conn = hmc_net::ops::close_conn,
+    .send_msg = hmc_net::ops::send_msg,
+    .recv_msg = hmc_net::ops::recv_msg,
+    .reg_mem = hmc_net::ops::reg_mem,
+    .dereg_mem = hmc_net::ops::dereg_mem,
+    .pack_rkey = hmc_net::ops::pack_rkey,
+    .put = hmc_net::ops::put,
+    .test = hmc_net::ops::test,
+    .progress = hmc_net::ops::progress,
+};
+
+}  // namespace
+}  // namespace hmc_shm
+
+extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_net_provider_v1(
+    void) {
+  return &hmc_shm::kTable;
+}

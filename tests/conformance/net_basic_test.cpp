@@ -1,0 +1,164 @@
+// The table, init and parameters, props, and connection setup with the hello.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <set>
+
+#include "net_kit.h"
+
+using namespace hmc_conformance;
+
+TEST_CASE("net: the provider table is well formed", "[net][table]") {
+  const auto paths = plugin_paths();
+  REQUIRE_FALSE(paths.empty());
+  for (const auto& path : paths) {
+    DYNAMIC_SECTION(path) {
+      void* dl = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      INFO("dlopen: " << (dl ? "ok" : dlerror()));
+      REQUIRE(dl != nullptr);
+      auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl, HMC_NET_ENTRY_V1));
+      REQUIRE(entry != nullptr);
+      const hmc_net_provider_t* p = entry();
+      REQUIRE(p != nullptr);
+      CHECK(entry() == p);
+      CHECK(p->struct_size >= sizeof(hmc_net_provider_t));
+      CHECK(p->abi_version == HMC_NET_ABI_VERSION);
+      REQUIRE(p->name != nullptr);
+      CHECK(std::string(p->name) == file_provider_name(path));
+
+      const uint64_t known = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE |
+                             HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF |
+                             HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY;
+      CHECK((p->caps & ~known) == 0);
+      CHECK((p->caps & (HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST)) != 0);
+      CHECK((p->caps & (HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)) !=
+            0);
+      CHECK((p->caps & (HMC_NET_CAP_MSG | HMC_NET_CAP_PUT)) != 0);
+      if (p->caps & HMC_NET_CAP_SINGLE_COPY) CHECK((p->caps & HMC_NET_CAP_PUT) != 0);
+
+      // Every provider needs these; a capability bit promises its entry points.
+      CHECK(p->init != nullptr);
+      CHECK(p->fini != nullptr);
+      CHECK(p->props != nullptr);
+      CHECK(p->listen != nullptr);
+      CHECK(p->close_listener != nullptr);
+      CHECK(p->connect != nullptr);
+      CHECK(p->conn_status != nullptr);
+      CHECK(p->accept != nullptr);
+      CHECK(p->close_conn != nullptr);
+      CHECK(p->test != nullptr);
+      CHECK(p->progress != nullptr);
+      if (p->caps & HMC_NET_CAP_MSG) {
+        CHECK(p->send_msg != nullptr);
+        CHECK(p->recv_msg != nullptr);
+      }
+      if (p->caps & HMC_NET_CAP_PUT) {
+        CHECK(p->reg_mem != nullptr);
+        CHECK(p->dereg_mem != nullptr);
+        CHECK(p->pack_rkey != nullptr);
+        CHECK(p->put != nullptr);
+      }
+
+      CHECK((p->num_params == 0 || p->params != nullptr));
+      std::set<std::string> names;
+      const std::set<std::string> types = {"size", "int", "bool", "string"};
+      for (size_t i = 0; p->params != nullptr && i < p->num_params; ++i) {
+        const hmc_param_t& q = p->params[i];
+        REQUIRE(q.name != nullptr);
+        INFO("parameter " << q.name);
+        CHECK(std::string(q.name).rfind("HMC_", 0) == 0);
+        CHECK(names.insert(q.name).second);
+        REQUIRE(q.type != nullptr);
+        CHECK(types.contains(q.type));
+        CHECK(q.default_value != nullptr);
+        REQUIRE(q.help != nullptr);
+        CHECK(std::strlen(q.help) > 0);
+      }
+      dlclose(dl);
+    }
+  }
+}
+
+TEST_CASE("net: init refuses malformed parameters and props are sane", "[net][init]") {
+  for_each_plugin([](Session& s) {
+    hmc_net_props_t props{};
+    props.struct_size = sizeof(props);
+    REQUIRE(s.p->props(s.state, &props) == HMC_PROV_OK);
+    CHECK(props.latency_us > 0);
+    CHECK(props.bandwidth_gbps > 0);
+    CHECK(props.max_msg_size > 0);
+
+    for (size_t i = 0; i < s.p->num_params; ++i) {
+      const hmc_param_t& q = s.p->params[i];
+      if (std::strcmp(q.type, "string") == 0) continue;  // any text is a string
+      Config config = env_config();
+      config[q.name] = "not-a-value!";
+      Session bad;
+      bool ok = bad.open(s.path, config);
+      INFO("init with " << q.name << "=not-a-value! returned " << bad.init_rc);
+      CHECK_FALSE(ok);
+      CHECK(bad.init_rc < 0);
+      CHECK_FALSE(bad.reason.empty());
+    }
+  });
+}
+
+TEST_CASE("net: listen, connect and accept deliver the hello intact", "[net][connect]") {
+  for_each_plugin([](Session& s) {
+    char addr[HMC_NET_ADDR_MAX];
+    size_t addr_len = 0;
+    void* listener = nullptr;
+    REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
+            HMC_PROV_OK);
+    CHECK(addr_len > 0);
+    CHECK(addr_len <= HMC_NET_ADDR_MAX);
+    void* none = nullptr;
+    char hb[HMC_NET_HELLO_MAX];
+    size_t hl = 0;
+    CHECK(s.p->accept(s.state, listener, &none, hb, sizeof(hb), &hl) == HMC_PROV_IN_PROGRESS);
+
+    // Three connectors with hellos of the maximum size, one byte and nothing.
+    std::vector<std::vector<char>> hellos = {random_bytes(HMC_NET_HELLO_MAX, 2), {'x'}, {}};
+    std::vector<void*> conns;
+    for (auto& h : hellos) {
+      void* c = nullptr;
+      REQUIRE(s.p->connect(s.state, addr, addr_len, h.empty() ? nullptr : h.data(), h.size(), &c) ==
+              HMC_PROV_OK);
+      conns.push_back(c);
+    }
+    std::multiset<std::vector<char>> want(hellos.begin(), hellos.end()), got;
+    std::vector<void*> accepted;
+    for (size_t i = 0; i < hellos.size(); ++i) {
+      std::vector<char> h;
+      void* c = s.accept(listener, &h);
+      REQUIRE(c != nullptr);
+      accepted.push_back(c);
+      got.insert(h);
+    }
+    CHECK(got == want);
+    for (void* c : conns) CHECK(s.wait_connected(c) == HMC_PROV_OK);
+    for (void* c : accepted) CHECK(s.p->conn_status(s.state, c) == HMC_PROV_OK);
+
+    // A hello over the limit is refused at once.
+    std::vector<char> big(HMC_NET_HELLO_MAX + 1, 'h');
+    void* c = nullptr;
+    CHECK(s.p->connect(s.state, addr, addr_len, big.data(), big.size(), &c) < 0);
+
+    for (void* x : conns) CHECK(s.p->close_conn(s.state, x) == HMC_PROV_OK);
+    for (void* x : accepted) CHECK(s.p->close_conn(s.state, x) == HMC_PROV_OK);
+    REQUIRE(s.p->close_listener(s.state, listener) == HMC_PROV_OK);
+
+    // Nobody listens there any more: the connection fails, within the deadline.
+    c = nullptr;
+    int rc = s.p->connect(s.state, addr, addr_len, "h", 1, &c);
+    if (rc == HMC_PROV_OK) {
+      rc = s.wait_connected(c);
+      CHECK(rc < 0);
+      CHECK(s.p->close_conn(s.state, c) == HMC_PROV_OK);
+    } else {
+      CHECK(rc < 0);
+    }
+  });
+}

@@ -1,0 +1,101 @@
+// Child processes of hmc-conformance-net (run as: <kit> --hmc-net-child MODE
+// PLUGIN ADDR SEED). They talk to the parent only through the plugin.
+//
+//   stream: connects and sends kStreamMsg-byte messages until the connection
+//           fails; the parent kills it mid-transfer.
+//   put:    connects, receives a plan {offset, len, rkey, stale rkey}, puts
+//           random data at offset and sends a marker right behind it, tries
+//           the stale key, and reports both results in one message; then
+//           waits for the parent's "bye".
+#include "net_child.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "net_kit.h"
+
+namespace hmc_conformance {
+
+namespace {
+
+int fail(const char* what, const std::string& detail = {}) {
+  std::fprintf(stderr, "conformance child %d: %s %s\n", getpid(), what, detail.c_str());
+  return 2;
+}
+
+// Sends and waits; returns the result code.
+int send_wait(Session& s, void* conn, const void* buf, size_t len) {
+  void* req = nullptr;
+  int rc = s.p->send_msg(s.state, conn, buf, len, &req);
+  if (rc < 0) return rc;
+  return s.wait(req, std::chrono::seconds(60)).rc;
+}
+
+int stream_mode(Session& s, void* conn) {
+  std::vector<char> msg(kStreamMsg);
+  for (uint64_t i = 0;; ++i) {
+    std::memset(msg.data(), static_cast<int>(i & 0xff), msg.size());
+    if (send_wait(s, conn, msg.data(), msg.size()) != HMC_PROV_OK) return 0;
+  }
+}
+
+int put_mode(Session& s, void* conn) {
+  std::vector<char> plan(sizeof(PutPlan));
+  void* req = nullptr;
+  if (s.p->recv_msg(s.state, conn, plan.data(), plan.size(), &req) < 0) return fail("recv_msg");
+  Outcome o = s.wait(req);
+  if (o.rc != HMC_PROV_OK || o.bytes != sizeof(PutPlan)) return fail("plan", o.message);
+  PutPlan p;
+  std::memcpy(&p, plan.data(), sizeof(p));
+
+  // The marker goes out right behind the put, without waiting for it: the
+  // parent checks the data when the marker arrives (the ordering contract).
+  PutReport report{};
+  std::vector<char> data = random_bytes(p.len, kPutSalt);
+  void* put_req = nullptr;
+  report.put_rc = s.p->put(s.state, conn, data.data(), data.size(), nullptr, p.rkey, p.rkey_len,
+                           p.offset, &put_req);
+  const uint32_t marker = kMarker;
+  void* marker_req = nullptr;
+  int marker_rc = s.p->send_msg(s.state, conn, &marker, sizeof(marker), &marker_req);
+  if (report.put_rc >= 0) report.put_rc = s.wait(put_req).rc;
+  if (marker_rc < 0 || s.wait(marker_req).rc != HMC_PROV_OK) return fail("send marker");
+
+  void* stale_req = nullptr;
+  report.stale_rc = s.p->put(s.state, conn, data.data(), 64, nullptr, p.stale_rkey,
+                             p.stale_rkey_len, 0, &stale_req);
+  if (report.stale_rc >= 0) report.stale_rc = s.wait(stale_req).rc;
+  if (int rc = send_wait(s, conn, &report, sizeof(report)); rc != HMC_PROV_OK) {
+    return fail("send report", std::to_string(rc));
+  }
+  char bye[8];
+  if (s.p->recv_msg(s.state, conn, bye, sizeof(bye), &req) < 0) return fail("recv bye");
+  o = s.wait(req, std::chrono::seconds(60));
+  return o.rc == HMC_PROV_OK ? 0 : fail("bye", o.message);
+}
+
+}  // namespace
+
+int child_main(int argc, char** argv) {
+  if (argc != 6) return fail("usage: --hmc-net-child MODE PLUGIN ADDR SEED");
+  const std::string mode = argv[2];
+  setenv("HMC_CONFORMANCE_SEED", argv[5], 1);  // before the first seed(): same data as the parent
+  Session s;
+  if (!s.open(argv[3])) return fail("init", s.reason);
+  const std::string addr = argv[4];
+  const char hello[] = "conformance child";
+  void* conn = nullptr;
+  if (s.p->connect(s.state, addr.data(), addr.size(), hello, sizeof(hello), &conn) != HMC_PROV_OK) {
+    return fail("connect", addr);
+  }
+  if (s.wait_connected(conn) != HMC_PROV_OK) return fail("connect", addr);
+  if (mode == "stream") return stream_mode(s, conn);
+  if (mode == "put") return put_mode(s, conn);
+  return fail("unknown mode", mode);
+}
+
+}  // namespace hmc_conformance

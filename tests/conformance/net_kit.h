@@ -1,0 +1,134 @@
+// hmc-conformance-net: the kit a vendor runs on a net provider plugin.
+//
+// It dlopens each plugin (HMC_CONFORMANCE_NET_PLUGIN or HMC_CONFORMANCE_PLUGIN =
+// path[:path...], default every libhmc-net-*.so in the build's lib folder),
+// lends it minimal host services of its own (log to stderr, config from a map,
+// wake through a condition variable) and checks the contract of
+// include/hmc/provider/net.h. Every wait has a deadline; child processes are
+// always reaped. A plugin whose init says HMC_PROV_ERR_UNAVAILABLE is skipped.
+//
+// Environment: HMC_CONFORMANCE_SEED (random seed, printed),
+// HMC_CONFORMANCE_TIMEOUT (seconds per wait, default 10),
+// HMC_CONFORMANCE_VERBOSE=1 (the plugin's debug log), and any other HMC_*
+// variable, handed to the plugin as its configuration (e.g. HMC_SHM_CMA=0).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hmc/provider/net.h"
+
+namespace hmc_conformance {
+
+using Clock = std::chrono::steady_clock;
+using Config = std::map<std::string, std::string>;
+
+std::chrono::milliseconds timeout();
+uint64_t seed();
+std::vector<std::string> plugin_paths();
+std::string file_provider_name(const std::string& path);
+Config env_config();  // every HMC_* variable but the kit's own
+
+// Host services lent to the plugin.
+struct TestHost {
+  Config config;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t wakes = 0;
+};
+
+// What test() said about a request.
+struct Outcome {
+  int rc = HMC_PROV_ERR_INTERNAL;
+  bool done = false;
+  size_t bytes = 0;
+  std::string message;
+  bool timed_out = false;
+};
+
+// One loaded and initialised plugin state.
+class Session {
+ public:
+  Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() { close(); }
+
+  // Loads and initialises; returns false (with `reason`) when init failed.
+  bool open(const std::string& path, Config config = env_config());
+  void close();
+  bool has(uint64_t cap) const { return (p->caps & cap) != 0; }
+
+  // Polls a request until done, failed or the deadline; the host's wake cuts waits short.
+  Outcome wait(void* req, std::chrono::milliseconds limit = timeout());
+  // Accepts one connection within the deadline; nullptr on timeout.
+  void* accept(void* listener, std::vector<char>* hello);
+  // Waits for conn_status to leave "connecting".
+  int wait_connected(void* conn);
+  // Sleeps until the plugin wakes the host or `limit` passes.
+  void nap(std::chrono::milliseconds limit);
+
+  const hmc_net_provider_t* p = nullptr;
+  void* state = nullptr;
+  int init_rc = HMC_PROV_ERR_INTERNAL;
+  std::string reason;
+  std::string path;
+
+ private:
+  void* dl_ = nullptr;
+  TestHost host_;
+  hmc_host_services_t services_{};
+};
+
+// A connection between two sessions (possibly the same one): a -> b.
+struct Link {
+  void* listener = nullptr;
+  std::string addr;
+  void* a = nullptr;  // connector side, in session a
+  void* b = nullptr;  // acceptor side, in session b
+};
+// Listens on b, connects from a and accepts; Catch REQUIREs on failure.
+Link connect_pair(Session& a, Session& b);
+
+// Runs `body` once per plugin, each in its own section; unavailable plugins are skipped.
+void for_each_plugin(const std::function<void(Session&)>& body);
+
+// A process running this program in child mode; killed and reaped on destruction.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args);
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child();
+  pid_t pid() const { return pid_; }
+  void kill();
+  // Exit status (as from waitpid) or -1 when it did not exit in time.
+  int wait_exit(std::chrono::milliseconds limit);
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+int child_main(int argc, char** argv);  // dispatch for --hmc-net-child
+inline constexpr const char* kChildFlag = "--hmc-net-child";
+
+// Deterministic test data.
+std::vector<char> random_bytes(size_t n, uint64_t salt);
+void fill_random(char* p, size_t n, uint64_t salt);
+// Index of the first byte of [p, p+n) that differs from `value`, or n.
+size_t first_not(const char* p, size_t n, unsigned char value);
+// Index of the first byte where the two differ, or n.
+size_t first_diff(const char* a, const char* b, size_t n);
+
+inline constexpr unsigned char kPoison = 0xA5;
+
+}  // namespace hmc_conformance

@@ -1,0 +1,219 @@
+// Messages: sizes, order, both directions, truncation, close_conn.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "net_kit.h"
+
+using namespace hmc_conformance;
+
+namespace {
+
+constexpr size_t kSlack = 64;  // poisoned bytes past each receive buffer's capacity
+
+struct Recv {
+  std::vector<char> buf;
+  size_t cap = 0;
+  void* req = nullptr;
+};
+
+void post_recv(Session& s, void* conn, Recv& r, size_t cap) {
+  r.cap = cap;
+  r.buf.assign(cap + kSlack, static_cast<char>(kPoison));
+  REQUIRE(s.p->recv_msg(s.state, conn, r.buf.data(), cap, &r.req) >= 0);
+  REQUIRE(r.req != nullptr);
+}
+
+void* post_send(Session& s, void* conn, const std::vector<char>& data) {
+  void* req = nullptr;
+  REQUIRE(s.p->send_msg(s.state, conn, data.data(), data.size(), &req) >= 0);
+  REQUIRE(req != nullptr);
+  return req;
+}
+
+// The receive got exactly `want`, and nothing past it was written.
+void check_recv(Session& s, Recv& r, const std::vector<char>& want) {
+  Outcome o = s.wait(r.req);
+  INFO("receive of " << want.size() << " bytes: rc " << o.rc << " " << o.message);
+  REQUIRE_FALSE(o.timed_out);
+  REQUIRE(o.rc == HMC_PROV_OK);
+  CHECK(o.done);
+  CHECK(o.bytes == want.size());
+  CHECK(first_diff(r.buf.data(), want.data(), want.size()) == want.size());
+  const size_t tail = r.buf.size() - want.size();
+  CHECK(first_not(r.buf.data() + want.size(), tail, kPoison) == tail);
+}
+
+void check_sent(Session& s, void* req, size_t len) {
+  Outcome o = s.wait(req);
+  INFO("send of " << len << " bytes: rc " << o.rc << " " << o.message);
+  REQUIRE_FALSE(o.timed_out);
+  CHECK(o.rc == HMC_PROV_OK);
+  CHECK(o.done);
+}
+
+}  // namespace
+
+TEST_CASE("net: messages arrive whole and in order, both ways, posted early or late",
+          "[net][msg]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) {
+      WARN(s.p->name << " has no HMC_NET_CAP_MSG: message checks skipped");
+      return;
+    }
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    hmc_net_props_t props{};
+    props.struct_size = sizeof(props);
+    REQUIRE(s.p->props(s.state, &props) == HMC_PROV_OK);
+
+    struct End {
+      Session& from;
+      void* from_conn;
+      Session& to;
+      void* to_conn;
+    };
+    const End ends[] = {{s, link.a, t, link.b}, {t, link.b, s, link.a}};
+    uint64_t salt = 100;
+    for (size_t size : {size_t{0}, size_t{1}, size_t{64} << 10, size_t{16} << 20}) {
+      if (size > props.max_msg_size) continue;
+      for (const End& e : ends) {
+        INFO("message of " << size << " bytes");
+        const auto data = random_bytes(size, ++salt);
+        // Receive posted first: lands straight in the buffer.
+        Recv r;
+        post_recv(e.to, e.to_conn, r, size + 100);
+        void* sreq = post_send(e.from, e.from_conn, data);
+        check_recv(e.to, r, data);
+        check_sent(e.from, sreq, size);
+        // Sent first: the provider holds it until a receive is posted.
+        sreq = post_send(e.from, e.from_conn, data);
+        s.nap(std::chrono::milliseconds(50));
+        Recv late;
+        post_recv(e.to, e.to_conn, late, size);
+        check_recv(e.to, late, data);
+        check_sent(e.from, sreq, size);
+      }
+    }
+
+    // A burst each way at once: receives complete in posting order.
+    std::mt19937_64 rng(seed());
+    std::vector<std::vector<char>> ab, ba;
+    for (int i = 0; i < 30; ++i) {
+      ab.push_back(random_bytes(rng() % (200 << 10), ++salt));
+      ba.push_back(random_bytes(rng() % (200 << 10), ++salt));
+    }
+    std::vector<Recv> rb(30), ra(30);
+    std::vector<void*> sab, sba;
+    for (int i = 0; i < 15; ++i) {
+      post_recv(t, link.b, rb[i], 200 << 10);
+      post_recv(s, link.a, ra[i], 200 << 10);
+    }
+    for (int i = 0; i < 30; ++i) {
+      sab.push_back(post_send(s, link.a, ab[i]));
+      sba.push_back(post_send(t, link.b, ba[i]));
+    }
+    for (int i = 15; i < 30; ++i) {
+      post_recv(t, link.b, rb[i], 200 << 10);
+      post_recv(s, link.a, ra[i], 200 << 10);
+    }
+    for (int i = 0; i < 30; ++i) {
+      INFO("burst message " << i);
+      check_recv(t, rb[i], ab[i]);
+      check_recv(s, ra[i], ba[i]);
+      check_sent(s, sab[i], ab[i].size());
+      check_sent(t, sba[i], ba[i].size());
+    }
+  });
+}
+
+TEST_CASE("net: a message larger than the posted buffer fails that receive with TRUNCATED",
+          "[net][msg]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) return;
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    for (bool posted_first : {true, false}) {
+      INFO((posted_first ? "receive posted first" : "message sent first"));
+      const auto big = random_bytes(1000, 7);
+      Recv r;
+      void* sreq = nullptr;
+      if (posted_first) post_recv(t, link.b, r, 999);
+      sreq = post_send(s, link.a, big);
+      if (!posted_first) {
+        s.nap(std::chrono::milliseconds(50));
+        post_recv(t, link.b, r, 999);
+      }
+      Outcome o = t.wait(r.req);
+      REQUIRE_FALSE(o.timed_out);
+      CHECK(o.rc == HMC_PROV_ERR_TRUNCATED);
+      CHECK_FALSE(o.message.empty());
+      CHECK_FALSE(s.wait(sreq).timed_out);
+      // The connection carries on.
+      const auto next = random_bytes(10, 8);
+      Recv ok;
+      post_recv(t, link.b, ok, 100);
+      void* nreq = post_send(s, link.a, next);
+      check_recv(t, ok, next);
+      check_sent(s, nreq, next.size());
+    }
+  });
+}
+
+TEST_CASE("net: close_conn fails pending requests; the peer sees the loss", "[net][close]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) return;
+    Session t;
+    REQUIRE(t.open(s.path));
+    {
+      Link link = connect_pair(s, t);
+      std::vector<Recv> mine(3);
+      for (auto& r : mine) post_recv(s, link.a, r, 100);
+      Recv theirs;
+      post_recv(t, link.b, theirs, 100);
+      REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);
+      for (auto& r : mine) {
+        Outcome o = s.wait(r.req);
+        REQUIRE_FALSE(o.timed_out);
+        CHECK(o.rc == HMC_PROV_ERR_CLOSED);
+        CHECK(first_not(r.buf.data(), r.buf.size(), kPoison) == r.buf.size());
+      }
+      Outcome o = t.wait(theirs.req);
+      INFO("peer's pending receive: " << o.message);
+      REQUIRE_FALSE(o.timed_out);
+      CHECK(o.rc == HMC_PROV_ERR_PEER_LOST);
+      CHECK_FALSE(o.message.empty());
+      // Later calls on the lost connection fail too (at once or through the request).
+      void* req = nullptr;
+      int rc = t.p->send_msg(t.state, link.b, "x", 1, &req);
+      if (rc >= 0) rc = t.wait(req).rc;
+      CHECK(rc < 0);
+      CHECK(t.p->close_conn(t.state, link.b) == HMC_PROV_OK);
+      CHECK(t.p->close_listener(t.state, link.listener) == HMC_PROV_OK);
+    }
+    {
+      // close_conn in the middle of a large transfer: no hang, no crash; each side
+      // either completed (with the right data) or failed.
+      Link link = connect_pair(s, t);
+      const auto data = random_bytes(64 << 20, 9);
+      Recv r;
+      post_recv(t, link.b, r, data.size());
+      void* sreq = post_send(s, link.a, data);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);
+      Outcome so = s.wait(sreq);
+      REQUIRE_FALSE(so.timed_out);
+      CHECK((so.rc == HMC_PROV_OK || so.rc == HMC_PROV_ERR_CLOSED));
+      Outcome ro = t.wait(r.req);
+      REQUIRE_FALSE(ro.timed_out);
+      if (ro.rc == HMC_PROV_OK) {
+        CHECK(first_diff(r.buf.data(), data.data(), data.size()) == data.size());
+      } else {
+        CHECK(ro.rc == HMC_PROV_ERR_PEER_LOST);
+      }
+      CHECK(t.p->close_conn(t.state, link.b) == HMC_PROV_OK);
+    }
+  });
+}

@@ -1,0 +1,239 @@
+// Catch-free half of the net kit harness: settings, the host services lent to
+// plugins, sessions and test data. Shared by hmc-conformance-net and
+// hmc-conformance-net-bw.
+#include <dlfcn.h>
+#include <glob.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "net_kit.h"
+
+extern char** environ;
+
+namespace hmc_conformance {
+
+namespace {
+
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' ? v : fallback;
+}
+
+void host_log(void*, int level, const char* provider, const char* message) {
+  static const bool verbose = std::strcmp(env_or("HMC_CONFORMANCE_VERBOSE", "0"), "1") == 0;
+  static const char* kNames[] = {"trace", "debug", "info", "warn", "error"};
+  if (level < HMC_LOG_INFO && !verbose) return;
+  const char* name = level >= 0 && level <= HMC_LOG_ERROR ? kNames[level] : "?";
+  std::fprintf(stderr, "[%s] %s: %s\n", name, provider ? provider : "?", message ? message : "");
+}
+
+int host_config_get(void* host, const char* name, char* value, size_t value_len) {
+  const auto& config = static_cast<TestHost*>(host)->config;
+  const auto it = config.find(name);
+  if (it == config.end()) return 1;
+  if (it->second.size() + 1 > value_len) return -1;
+  std::memcpy(value, it->second.c_str(), it->second.size() + 1);
+  return 0;
+}
+
+void host_wake(void* host) {
+  auto* h = static_cast<TestHost*>(host);
+  {
+    std::lock_guard lock(h->mu);
+    ++h->wakes;
+  }
+  h->cv.notify_all();
+}
+
+}  // namespace
+
+std::chrono::milliseconds timeout() {
+  static const auto t = std::chrono::milliseconds(
+      static_cast<long>(1000 * std::atof(env_or("HMC_CONFORMANCE_TIMEOUT", "10"))));
+  return t;
+}
+
+uint64_t seed() {
+  static const uint64_t s = [] {
+    const char* v = std::getenv("HMC_CONFORMANCE_SEED");
+    return v != nullptr ? std::strtoull(v, nullptr, 0) : std::random_device{}();
+  }();
+  return s;
+}
+
+std::vector<std::string> plugin_paths() {
+  std::vector<std::string> out;
+  const char* list = std::getenv("HMC_CONFORMANCE_NET_PLUGIN");
+  if (list == nullptr || list[0] == '\0') list = std::getenv("HMC_CONFORMANCE_PLUGIN");
+  if (list != nullptr && list[0] != '\0') {
+    std::stringstream ss(list);
+    for (std::string p; std::getline(ss, p, ':');) {
+      if (!p.empty()) out.push_back(p);
+    }
+    return out;
+  }
+  glob_t g{};
+  const std::string pattern = std::string(HMC_CONFORMANCE_PLUGIN_DIR) + "/libhmc-net-*.so";
+  if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  return out;
+}
+
+std::string file_provider_name(const std::string& path) {
+  const std::string base = path.substr(path.find_last_of('/') + 1);
+  const std::string prefix = "libhmc-net-";
+  if (base.rfind(prefix, 0) != 0 || base.size() < prefix.size() + 4 ||
+      base.compare(base.size() - 3, 3, ".so") != 0) {
+    return {};
+  }
+  return base.substr(prefix.size(), base.size() - prefix.size() - 3);
+}
+
+Config env_config() {
+  Config c;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || kv.rfind("HMC_", 0) != 0 ||
+        kv.rfind("HMC_CONFORMANCE_", 0) == 0) {
+      continue;
+    }
+    c[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return c;
+}
+
+bool Session::open(const std::string& plugin, Config config) {
+  path = plugin;
+  host_.config = std::move(config);
+  dl_ = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (dl_ == nullptr) {
+    reason = std::string("dlopen: ") + dlerror();
+    return false;
+  }
+  auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl_, HMC_NET_ENTRY_V1));
+  p = entry != nullptr ? entry() : nullptr;
+  if (p == nullptr || p->struct_size < sizeof(hmc_net_provider_t) ||
+      p->abi_version != HMC_NET_ABI_VERSION || p->init == nullptr) {
+    reason = "no valid " HMC_NET_ENTRY_V1 " table";
+    p = nullptr;
+    return false;
+  }
+  services_ = {sizeof(hmc_host_services_t), &host_, host_log, host_config_get, host_wake};
+  char text[512] = {};
+  init_rc = p->init(&services_, &state, text, sizeof(text));
+  reason = text;
+  if (init_rc != HMC_PROV_OK) state = nullptr;
+  return init_rc == HMC_PROV_OK;
+}
+
+void Session::close() {
+  if (p != nullptr && state != nullptr) p->fini(state);
+  state = nullptr;
+  if (dl_ != nullptr) dlclose(dl_);
+  dl_ = nullptr;
+  p = nullptr;
+}
+
+void Session::nap(std::chrono::milliseconds limit) {
+  std::unique_lock lock(host_.mu);
+  const uint64_t seen = host_.wakes;
+  host_.cv.wait_for(lock, limit, [&] { return host_.wakes != seen; });
+}
+
+Outcome Session::wait(void* req, std::chrono::milliseconds limit) {
+  Outcome out;
+  const auto deadline = Clock::now() + limit;
+  for (;;) {
+    uint64_t seen;
+    {
+      std::lock_guard lock(host_.mu);
+      seen = host_.wakes;
+    }
+    int done = 0;
+    char message[512] = {};
+    out.rc = p->test(state, req, &done, &out.bytes, message, sizeof(message));
+    out.done = done != 0;
+    if (out.rc != HMC_PROV_OK || out.done) {
+      out.message = message;
+      return out;
+    }
+    if (Clock::now() >= deadline) {
+      out.timed_out = true;
+      return out;
+    }
+    p->progress(state);
+    std::unique_lock lock(host_.mu);
+    host_.cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return host_.wakes != seen; });
+  }
+}
+
+void* Session::accept(void* listener, std::vector<char>* hello) {
+  const auto deadline = Clock::now() + timeout();
+  std::vector<char> buf(HMC_NET_HELLO_MAX);
+  while (Clock::now() < deadline) {
+    void* conn = nullptr;
+    size_t len = 0;
+    int rc = p->accept(state, listener, &conn, buf.data(), buf.size(), &len);
+    if (rc == HMC_PROV_OK) {
+      if (hello != nullptr) hello->assign(buf.begin(), buf.begin() + static_cast<long>(len));
+      return conn;
+    }
+    if (rc < 0) return nullptr;
+    p->progress(state);
+    nap(std::chrono::milliseconds(5));
+  }
+  return nullptr;
+}
+
+int Session::wait_connected(void* conn) {
+  const auto deadline = Clock::now() + timeout();
+  int rc = p->conn_status(state, conn);
+  while (rc == HMC_PROV_IN_PROGRESS && Clock::now() < deadline) {
+    p->progress(state);
+    nap(std::chrono::milliseconds(5));
+    rc = p->conn_status(state, conn);
+  }
+  return rc;
+}
+
+void fill_random(char* p, size_t n, uint64_t salt) {
+  std::mt19937_64 rng(seed() * 0x9e3779b97f4a7c15ull + salt);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  if (i < n) {
+    uint64_t v = rng();
+    std::memcpy(p + i, &v, n - i);
+  }
+}
+
+std::vector<char> random_bytes(size_t n, uint64_t salt) {
+  std::vector<char> v(n);
+  fill_random(v.data(), n, salt);
+  return v;
+}
+
+size_t first_not(const char* p, size_t n, unsigned char value) {
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(p[i]) != value) return i;
+  }
+  return n;
+}
+
+size_t first_diff(const char* a, const char* b, size_t n) {
+  if (n == 0 || std::memcmp(a, b, n) == 0) return n;
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return i;
+  }
+  return n;
+}
+
+}  // namespace hmc_conformance
