@@ -21,7 +21,7 @@ int worker(const probe::MeasureOptions& opt, bool json) {
   if (!ctx) return std::fprintf(stderr, "hmc-probe: %s\n", ctx.status().to_string().c_str()), 1;
   auto comm = Communicator::from_env(ctx.value());
   if (!comm) return std::fprintf(stderr, "hmc-probe: %s\n", comm.status().to_string().c_str()), 1;
-  auto figs = probe::measure_all(comm.value(), opt);
+  auto figs = probe::measure_all(ctx.value(), comm.value(), opt);
   if (!figs) return std::fprintf(stderr, "hmc-probe: rank %d: %s\n", comm->rank(), figs.status().to_string().c_str()), 1;
   if (comm->rank() == 0) {
     double mem = probe::memcpy_gbps(opt.bytes, opt.iters);

@@ -13,7 +13,7 @@ constexpr int kWindow = 4;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
-Result<double> bandwidth(Communicator& c, int peer, bool sender, std::vector<uint8_t>& buf, int iters) {
+Result<double> bandwidth(Communicator& c, int peer, bool sender, Memory& buf, int iters) {
   uint8_t ack = 0;
   for (int round = 0; round < 2; ++round) {  // round 0 warms up connections and registrations
     int n = round == 0 ? 2 : iters;
@@ -51,8 +51,11 @@ Result<double> latency(Communicator& c, int peer, bool first, int iters) {
 
 }  // namespace
 
-Result<std::vector<PairFigures>> measure_all(Communicator& c, const MeasureOptions& opt) {
-  std::vector<uint8_t> buf(opt.bytes, 1);
+Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, const MeasureOptions& opt) {
+  // Shareable memory: what a provider needs for its fastest path (shm maps it directly).
+  auto buf = ctx.alloc({"cpu", 0}, opt.bytes, AllocKind::kShareable);
+  if (!buf) return buf.status();
+  std::memset(buf->data(), 1, opt.bytes);
   std::vector<PairFigures> mine;
   for (int a = 0; a < c.size(); ++a) {
     for (int b = 0; b < c.size(); ++b) {
@@ -60,7 +63,7 @@ Result<std::vector<PairFigures>> measure_all(Communicator& c, const MeasureOptio
       HMC_RETURN_IF_ERROR(c.barrier());
       if (c.rank() != a && c.rank() != b) continue;
       int peer = c.rank() == a ? b : a;
-      auto bw = bandwidth(c, peer, c.rank() == a, buf, opt.iters);
+      auto bw = bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters);
       if (!lat) return lat.status();

@@ -25,7 +25,7 @@ struct MeasureOptions {
 };
 
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
-Result<std::vector<PairFigures>> measure_all(Communicator& comm, const MeasureOptions& opt);
+Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& comm, const MeasureOptions& opt);
 
 // References measured in one process on this machine, same sizes.
 double memcpy_gbps(std::size_t bytes, int iters);
