@@ -44,7 +44,7 @@ extern "C" {
 #define HMC_IPC_HANDLE_MAX 256
 
 typedef struct hmc_device_info {
-  size_t struct_size;
+  size_t struct_size; /* set by the caller to sizeof(hmc_device_info_t) before device_info */
   char vendor[32];     /* "cpu", "nvidia", "amd", ... */
   char model[96];
   char pci_bus_id[32]; /* "0000:3b:00.0", empty when not a PCI device */
@@ -62,7 +62,8 @@ typedef struct hmc_device_provider {
   size_t num_params;
 
   /* Returns 0, or HMC_PROV_ERR_UNAVAILABLE with `reason` filled
-   * ("no CUDA driver: libcuda.so.1 not found"). */
+   * ("no CUDA driver: libcuda.so.1 not found"), or HMC_PROV_ERR_INVALID with the
+   * reason when one of its parameters is malformed. */
   int (*init)(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len);
   void (*fini)(void* state);
   const char* (*last_error)(void* state);
@@ -85,7 +86,9 @@ typedef struct hmc_device_provider {
   int (*stream_wait_event)(void* state, void* stream, void* event);
   int (*event_query)(void* state, void* event); /* 0 done, 1 pending */
 
-  /* dst[i] = a[i] op b[i] for i < count; dst may equal a or b. HMC_OP_AVG
+  /* dst[i] = a[i] op b[i] for i < count; dst may equal a or b, but buffers must
+   * not otherwise overlap. min/max propagate NaN (IEEE 754-2019 minimum/maximum)
+   * so that every vendor agrees in mixed all-reduces. HMC_OP_AVG
    * accumulates like HMC_OP_SUM; `divide` finishes an average. */
   int (*reduce)(void* state, void* dst, const void* a, const void* b, size_t count, int dtype,
                 int op, void* stream);
