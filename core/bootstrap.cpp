@@ -6,6 +6,7 @@
 // only lock and guards the state shared with callers (phase, rounds, lost set, flags). The io
 // thread holds it only to publish what a frame said, never during I/O, and never while calling
 // on_change_, so a callback may call back into this object.
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -247,8 +248,8 @@ void Bootstrap::Impl::on_frame(Link& link, Type type, std::vector<uint8_t>& payl
         std::lock_guard lock(mu_);
         if (rank == rank_ || !lost_.emplace(rank, std::move(why)).second) return;
       }
-      cv_.notify_all();
-      return notify_change();
+      notify_change();  // first, so that a caller failing on this loss usually finds it reported
+      break;
     }
     case Type::kByeAck: {
       std::lock_guard lock(mu_);
@@ -309,11 +310,12 @@ void Bootstrap::Impl::on_close(const std::string& why) {
       changed = true;
     }
   }
+  if (changed) {
+    HMC_LOG("boot", warn, "bootstrap rank {}: control connection to {} lost ({}); every peer counts as lost", rank_,
+            root_text(), why);
+    notify_change();
+  }
   cv_.notify_all();
-  if (!changed) return;
-  HMC_LOG("boot", warn, "bootstrap rank {}: control connection to {} lost ({}); every peer counts as lost", rank_,
-          root_text(), why);
-  notify_change();
 }
 
 void Bootstrap::Impl::notify_change() {
@@ -360,8 +362,8 @@ Status Bootstrap::Impl::broken_locked() const {
 Result<std::vector<std::vector<uint8_t>>> Bootstrap::Impl::exchange(const std::vector<uint8_t>& mine,
                                                                     Clock::time_point deadline, const char* what) {
   if (mine.size() > kMaxBlobBytes)
-    return Status(ErrorCode::kInvalidArgument,
-                  fmt::format("bootstrap {} blob of {} bytes exceeds the limit of {}", what, mine.size(), kMaxBlobBytes));
+    return Status(ErrorCode::kInvalidArgument, fmt::format("bootstrap {} blob of {} bytes exceeds the limit of {}",
+                                                           what, mine.size(), kMaxBlobBytes));
   const auto start = Clock::now();
   std::unique_lock lock(mu_);
   HMC_RETURN_IF_ERROR(broken_locked());
@@ -373,7 +375,7 @@ Result<std::vector<std::vector<uint8_t>>> Bootstrap::Impl::exchange(const std::v
   lock.lock();
 
   auto settled = [&] { return round.received >= size_ || round.failed || !broken_locked().ok(); };
-  const auto query_at = deadline - std::min(kQueryLead, (deadline - start) / 5);
+  const auto query_at = deadline - std::clamp((deadline - start) / 5, Clock::duration::zero(), kQueryLead);
   if (!cv_.wait_until(lock, query_at, settled)) {
     post_send(wire::Writer(Type::kQuery, 8).u64(seq).finish());
     cv_.wait_until(lock, deadline, settled);
@@ -464,9 +466,11 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::connect(const std::string& root_ho
                                                       const Secret& secret, int rank, int size,
                                                       Clock::time_point deadline) {
   if (size < 1 || size > wire::kMaxRanks)
-    return Status(ErrorCode::kInvalidArgument, fmt::format("job size {} is out of range (1 to {})", size, wire::kMaxRanks));
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("job size {} is out of range (1 to {})", size, wire::kMaxRanks));
   if (rank < 0 || rank >= size)
-    return Status(ErrorCode::kInvalidArgument, fmt::format("rank {} is out of range for a job of {} ranks", rank, size));
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("rank {} is out of range for a job of {} ranks", rank, size));
   if (root_host.empty()) return Status(ErrorCode::kInvalidArgument, "bootstrap root host is empty");
   try {
     auto impl = std::make_unique<Impl>(root_host, root_port, secret, rank, size);

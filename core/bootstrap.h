@@ -28,8 +28,9 @@ class BootstrapRoot {
   static Result<std::unique_ptr<BootstrapRoot>> start(const std::string& bind_host, uint16_t port,
                                                        const Secret& secret);
   uint16_t port() const;
-  // Waits until every rank has said bye or was lost (at once when no rank ever joined), so that the process hosting the root can
-  // destroy it without cutting off ranks that are still talking to it.
+  // Waits until no rank is in the job any more (each one that joined said bye or was lost; at
+  // once when none joined), so that the process hosting the root can destroy it without
+  // cutting off ranks that are still talking to it. Ranks that never joined are not waited for.
   Status wait_finished(Clock::time_point deadline);
   // Stops the thread and closes everything; gives queued replies at most ~250 ms to drain.
   ~BootstrapRoot();

@@ -2,7 +2,6 @@
 // and reports lost ranks. Threads and locks: all job state lives on the io thread and needs no
 // lock. The only lock, mu_, guards the "finished" summary that wait_finished() reads; the io
 // thread takes it briefly to publish and never holds it during I/O.
-#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -47,7 +46,6 @@ class BootstrapRoot::Impl {
   void launch();
   uint16_t port() const { return port_; }
   Status wait_finished(Clock::time_point deadline);
-  bool any_joined() const { return joined_.load(); }
 
  private:
   enum class RankState : uint8_t { kAbsent, kJoined, kFinalized, kLost };
@@ -106,9 +104,8 @@ class BootstrapRoot::Impl {
   // Shared with wait_finished().
   std::mutex mu_;
   std::condition_variable cv_;
-  bool finished_ = false;
-  std::atomic<bool> joined_{false};  // a rank ever joined: only then is waiting for the job meaningful
-  std::string unfinished_ = "no rank has joined yet";
+  bool finished_ = true;  // no rank is in the job: none joined yet, or all said bye or were lost
+  std::string unfinished_;
 };
 
 Status BootstrapRoot::Impl::listen(const std::string& host, uint16_t port) {
@@ -285,14 +282,13 @@ void BootstrapRoot::Impl::on_hello(Link& link, Type type, const std::vector<uint
   link.rank = rank;
   link.set_max_payload(wire::kMaxPayload);
   state_[rank] = RankState::kJoined;
-  joined_ = true;
   links_[rank] = self;
+  publish_finished();  // before the welcome: once connect() returns, wait_finished() waits for it
   link.send(wire::Writer(Type::kWelcome).finish());
   // A late joiner learns of earlier losses at once rather than at its first call's deadline.
   for (int r = 0; r < size_; ++r)
     if (state_[r] == RankState::kLost) link.send(lost_frame(r));
   HMC_LOG("boot", debug, "bootstrap root: rank {} of {} joined from {}", rank, size_, link.remote());
-  publish_finished();
 }
 
 void BootstrapRoot::Impl::on_contrib(Link& link, std::vector<uint8_t>& payload) {
@@ -462,19 +458,16 @@ wire::Frame BootstrapRoot::Impl::lost_frame(int rank) const {
   return wire::Writer(Type::kLost).i32(rank).str(lost_reason_[rank]).finish();
 }
 
+// Ranks that never joined do not hold the job open: once any call completed every rank had
+// joined, and if none did the job has failed and nobody is left to serve.
 void BootstrapRoot::Impl::publish_finished() {
-  std::vector<int> absent, active;
-  for (int r = 0; r < size_; ++r) {
-    if (state_[r] == RankState::kAbsent) absent.push_back(r);
+  std::vector<int> active;
+  for (int r = 0; r < size_; ++r)
     if (state_[r] == RankState::kJoined) active.push_back(r);
-  }
-  std::string text;
-  if (!absent.empty()) text = wire::format_ranks(absent) + " never joined";
-  if (!active.empty()) text += (text.empty() ? "" : "; ") + wire::format_ranks(active) + " did not say bye";
   {
     std::lock_guard lock(mu_);
-    finished_ = text.empty();
-    unfinished_ = std::move(text);
+    finished_ = active.empty();
+    unfinished_ = active.empty() ? std::string() : wire::format_ranks(active) + " did not say bye";
   }
   cv_.notify_all();
 }
@@ -502,9 +495,6 @@ Result<std::unique_ptr<BootstrapRoot>> BootstrapRoot::start(const std::string& b
 
 uint16_t BootstrapRoot::port() const { return impl_->port(); }
 
-Status BootstrapRoot::wait_finished(Clock::time_point deadline) {
-  if (!impl_->any_joined()) return Status::ok_status();
-  return impl_->wait_finished(deadline);
-}
+Status BootstrapRoot::wait_finished(Clock::time_point deadline) { return impl_->wait_finished(deadline); }
 
 }  // namespace hmc::core

@@ -124,7 +124,6 @@ class Reader {
     return true;
   }
   size_t left() const { return left_; }
-  size_t offset(const std::vector<uint8_t>& payload) const { return p_ - payload.data(); }
 
  private:
   template <class T>
@@ -230,7 +229,6 @@ class Link : public std::enable_shared_from_this<Link> {
   bool closed() const { return closed_; }
   bool flushing() const { return writing_ && !closed_; }
   const std::string& remote() const { return remote_; }
-  tcp::socket& socket() { return socket_; }
 
   int rank = -1;  // the root's bookkeeping: the rank this link belongs to once accepted
   std::chrono::steady_clock::time_point opened = std::chrono::steady_clock::now();

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Communicator::from_env under the variables launchers set: torchrun's RANK/WORLD_SIZE/
+# MASTER_ADDR/MASTER_PORT (+TORCHELASTIC_RUN_ID as the secret's seed) and Open MPI's
+# OMPI_COMM_WORLD_RANK/SIZE with HMC_ROOT. Every rank checks the data it received.
+set -u
+bin=${1:?usage: launcher_env_test.sh path/to/hmc-p2p-check}
+fail=0
+run_job() {  # run_job NAME N ENV...: N ranks, RANKVAR substituted per rank
+  local name=$1 n=$2; shift 2
+  local pids=() r
+  for ((r = 0; r < n; r++)); do
+    env "${@//@RANK@/$r}" HMC_TIMEOUT=30s timeout 60 "$bin" > "/tmp/hmc-launch-$$-$name-$r" 2>&1 &
+    pids+=($!)
+  done
+  for ((r = 0; r < n; r++)); do
+    if ! wait "${pids[$r]}"; then
+      echo "FAILED: $name rank $r"; cat "/tmp/hmc-launch-$$-$name-$r"; fail=1
+    fi
+    rm -f "/tmp/hmc-launch-$$-$name-$r"
+  done
+}
+port=$(( 30000 + $$ % 20000 ))
+run_job torchrun 3 RANK=@RANK@ WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=job-$$
+run_job mpirun 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 HMC_ROOT=127.0.0.1:$((port + 7)) \
+  HMC_SECRET=00112233445566778899aabbccddeeff
+[ $fail = 0 ] && echo "ok: torchrun and Open MPI variables"
+exit $fail
