@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
   iproute2 procps
+  libopenmpi-dev openmpi-bin libgloo-dev
 )
 missing=()
 for p in "${packages[@]}"; do

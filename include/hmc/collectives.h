@@ -1,9 +1,13 @@
 // Collectives on a Communicator: every one non-blocking (returns a Request); blocking
-// forms are `op(...).wait()`. Buffers may live on any device HMC knows; in-place is
-// send == recv (for all_gather: send == recv + rank * count elements; for
-// reduce_scatter: send == recv - ... see docs/collectives.md). count 0 is a no-op that
-// still completes. Every rank must call the same collectives in the same order with
-// matching arguments; CollOptions::check verifies that at a small cost.
+// forms are `op(...).wait()`. Buffers may live on any device HMC knows. In place is
+// send == recv, except where a rank's own block sits inside a larger buffer:
+// all_gather: send == recv + rank * count elements; gather (root): send == recv + root *
+// count; reduce_scatter: recv == send + rank * recv_count; scatter (root): recv == send +
+// root * count (docs/collectives.md). count 0 is a no-op that still completes. Every rank
+// must call the same collectives in the same order with matching arguments;
+// CollOptions::check verifies that at a small cost. Collectives on one communicator may
+// be in flight together; destroy a communicator only after its collectives finished (or
+// after abort(), which fails them).
 #pragma once
 
 #include <chrono>
@@ -19,16 +23,22 @@
 namespace hmc {
 
 struct CollOptions {
-  // Overrides HMC_ALGO for this call: "ring", "rd" (recursive doubling/halving),
-  // "tree", "pairwise", "" = choose by size and rank count.
+  // Overrides HMC_ALGO for this call: "ring", "rd" (recursive doubling; recursive
+  // halving for reduce_scatter), "rhd" (Rabenseifner all_reduce), "tree" (binomial),
+  // "pairwise" / "linear" (all_to_all), "linear" (gather, scatter), "dissemination"
+  // (barrier), "" = choose by size and rank count. A name the collective has no
+  // algorithm for is kInvalidArgument.
   std::string algorithm;
-  // Verify that all ranks passed the same count, dtype, op and root (an extra
-  // small exchange); a mismatch fails every rank with kMismatch. Default: HMC_COLL_CHECK.
+  // Verify that all ranks called the same collective with the same count, dtype, op,
+  // root and algorithm (and matching all_to_all_v counts) before any data moves, at the
+  // cost of one small exchange; a mismatch fails every rank with kMismatch. Default:
+  // HMC_COLL_CHECK.
   std::optional<bool> check;
 };
 
 Request all_reduce(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
                    ReduceOp op, const CollOptions& opt = {});
+// recv is used (and may be null) on the root only.
 Request reduce(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
                ReduceOp op, int root, const CollOptions& opt = {});
 Request broadcast(Communicator& comm, void* buf, std::size_t count, DataType dtype, int root,
@@ -39,6 +49,7 @@ Request all_gather(Communicator& comm, const void* send, void* recv, std::size_t
 // send holds size * recv_count elements; rank r receives the reduction of block r.
 Request reduce_scatter(Communicator& comm, const void* send, void* recv, std::size_t recv_count,
                        DataType dtype, ReduceOp op, const CollOptions& opt = {});
+// gather: the root's recv holds size * count elements; scatter: the root's send does.
 Request gather(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype, int root,
                const CollOptions& opt = {});
 Request scatter(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype, int root,
@@ -71,10 +82,13 @@ class Group {
   };
   Communicator& comm_;
   std::vector<Item> items_;
+  Status error_;  // the first bad argument, reported by end()
 };
 
 // A sub-communicator of the ranks that passed the same color, ordered by (key, rank).
-// A negative color returns an empty Communicator (the rank joins none).
-Result<Communicator> split(Communicator& comm, int color, int key);
+// A negative color returns an empty Communicator (the rank joins none). Every rank of
+// `comm` calls it; `ctx` is the context `comm` was created with (Communicator::create
+// needs the public Context, which a Communicator does not keep).
+Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key);
 
 }  // namespace hmc

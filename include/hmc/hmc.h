@@ -1,6 +1,7 @@
 // HMC: vendor-neutral communication for mixed-vendor GPU clusters. Include this.
 #pragma once
 
+#include "hmc/collectives.h"
 #include "hmc/communicator.h"
 #include "hmc/context.h"
 #include "hmc/memory.h"

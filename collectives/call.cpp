@@ -1,0 +1,117 @@
+#include "collectives/call.h"
+
+#include <cstdint>
+
+#include "collectives/algorithms.h"
+#include "collectives/coll_op.h"
+#include "collectives/driver.h"
+#include "collectives/tags.h"
+#include "core/comm_impl.h"
+
+namespace hmc::coll {
+namespace {
+
+constexpr std::size_t kDefaultChunk = 1 << 20;
+
+Status invalid(std::string why) { return {ErrorCode::kInvalidArgument, std::move(why)}; }
+
+}  // namespace
+
+Request failed_request(Status s) { return Request(core::Operation::failed(std::move(s))); }
+
+Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt) : comm_(comm), kind_(kind), opt_(opt) {
+  if (comm.size() == 0) {
+    status_ = invalid("communicator is empty (moved from or never created)");
+    return;
+  }
+  rank_ = comm.rank();
+  size_ = comm.size();
+  auto seq = next_sequence(comm.impl());
+  if (!seq) status_ = seq.status();
+  else seq_ = seq.value();
+}
+
+Request Call::run(const Build& build) {
+  const char* name = coll_kind_name(kind_);
+  auto prefixed = [&](const Status& s) { return Status(s.code(), std::string(name) + ": " + s.message()); };
+  if (!status_.ok()) return failed_request(prefixed(status_));
+  core::CommImpl& ci = comm_.impl();
+  core::ContextImpl& ctx = ci.context();
+  auto algo = choose_algorithm(ctx.config(), kind_, opt_.algorithm, algo_bytes, size_);
+  if (!algo) return failed_request(prefixed(algo.status()));
+  const bool check = opt_.check.value_or(ctx.config().flag("HMC_COLL_CHECK")) && size_ > 1;
+  if (empty && !check) {
+    auto done = std::make_shared<core::Operation>(ctx.engine());
+    done->complete(0);
+    return Request(done);
+  }
+  std::size_t chunk_bytes = ctx.config().size("HMC_COLL_CHUNK");
+  if (chunk_bytes == 0) chunk_bytes = kDefaultChunk;
+  const std::size_t esz = dtype_size(dtype);
+  Schedule sched;
+  Scratch scratch(ctx, ctx.device_of(where));
+  Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
+  if (!empty)
+    if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));
+  CollSpec spec{name, dtype, op && *op != ReduceOp::kAvg ? *op : ReduceOp::kSum, static_cast<uint64_t>(size_),
+                result_bytes};
+  auto coll = std::make_unique<CollOp>(ci, tag_base(seq_), spec, std::move(sched), std::move(scratch));
+  if (check) {
+    CheckDesc mine;
+    mine.kind = static_cast<uint32_t>(kind_);
+    mine.count = count;
+    mine.dtype = static_cast<int32_t>(dtype);
+    mine.op = op ? static_cast<int32_t>(*op) : -1;
+    mine.root = root;
+    mine.algo = static_cast<int32_t>(algo.value());
+    coll->add_check(mine, to_peer, from_peer);
+  }
+  Request result(coll->result());
+  Driver::of(ctx.engine()).launch(std::move(coll));
+  return result;
+}
+
+Status check_dtype(DataType t) {
+  int v = static_cast<int>(t);
+  if (v < 0 || v >= kNumDataTypes) return invalid("unknown dtype " + std::to_string(v));
+  return {};
+}
+
+Status check_op(ReduceOp op) {
+  int v = static_cast<int>(op);
+  if (v < 0 || v >= kNumReduceOps) return invalid("unknown reduce op " + std::to_string(v));
+  return {};
+}
+
+Status check_buffer(const void* p, std::size_t count, const char* what) {
+  if (!p && count > 0) return invalid(std::string("null ") + what + " buffer with count " + std::to_string(count));
+  return {};
+}
+
+Status check_aligned(const void* p, DataType t, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % dtype_size(t) != 0)
+    return invalid(std::string(what) + " buffer is not aligned to its " + std::to_string(dtype_size(t)) + "-byte " +
+                   dtype_name(t) + " elements");
+  return {};
+}
+
+Status check_root(int root, int size) {
+  if (root < 0 || root >= size)
+    return invalid("root " + std::to_string(root) + " is outside [0, " + std::to_string(size) + ")");
+  return {};
+}
+
+Status check_fits(std::size_t count, std::size_t factor, DataType t) {
+  if (factor && count > SIZE_MAX / factor / dtype_size(t))
+    return invalid("count " + std::to_string(count) + " overflows the address space");
+  return {};
+}
+
+Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes, const char* what) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  if (a_bytes && b_bytes && x < y + b_bytes && y < x + a_bytes)
+    return invalid(std::string(what) + ": send and recv overlap without being the in-place layout");
+  return {};
+}
+
+}  // namespace hmc::coll

@@ -1,0 +1,63 @@
+// Call: the common path of every public collective — sequence number, argument checks,
+// algorithm choice, schedule, launch.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "collectives/select.h"
+#include "hmc/collectives.h"
+
+namespace hmc::coll {
+
+Request failed_request(Status s);
+
+class Call {
+ public:
+  // Takes the communicator's next sequence number, even when the call then fails its
+  // argument checks, so that later collectives keep matching tags on every rank.
+  Call(Communicator& comm, CollKind kind, const CollOptions& opt);
+
+  // Ok, or why the call cannot run (empty or unusable communicator).
+  const Status& status() const { return status_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // What the argument check compares and the executor needs.
+  DataType dtype = DataType::kUint8;
+  std::optional<ReduceOp> op;   // set for reducing collectives
+  std::size_t count = 0;
+  int root = -1;
+  std::size_t algo_bytes = 0;    // the size the algorithm rule looks at
+  std::size_t result_bytes = 0;  // what Request::bytes reports
+  bool empty = false;            // nothing to move (count 0)
+  const void* where = nullptr;   // a user buffer: scratch goes on its device
+  // all_to_all_v: elements sent to / expected from each rank, for the argument check.
+  std::vector<uint64_t> to_peer, from_peer;
+
+  using Build = std::function<Status(Plan&, Algo)>;
+  Request run(const Build& build);
+
+ private:
+  Communicator& comm_;
+  CollKind kind_;
+  const CollOptions& opt_;
+  Status status_;
+  uint64_t seq_ = 0;
+  int rank_ = -1;
+  int size_ = 0;
+};
+
+// Argument checks shared by the public functions; each returns kInvalidArgument.
+Status check_dtype(DataType t);
+Status check_op(ReduceOp op);
+Status check_buffer(const void* p, std::size_t count, const char* what);
+Status check_aligned(const void* p, DataType t, const char* what);
+Status check_root(int root, int size);
+Status check_fits(std::size_t count, std::size_t factor, DataType t);
+// Out of place, [a, a+a_bytes) and [b, b+b_bytes) must not overlap.
+Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes, const char* what);
+
+}  // namespace hmc::coll

@@ -1,0 +1,56 @@
+#include "collectives/driver.h"
+
+namespace hmc::coll {
+
+Driver& Driver::of(const std::shared_ptr<core::ProgressEngine>& engine) {
+  using Entry = std::pair<std::weak_ptr<core::ProgressEngine>, std::unique_ptr<Driver>>;
+  static std::mutex mu;
+  static auto* drivers = new std::vector<Entry>();  // never destroyed: engines may outlive static destructors
+  std::lock_guard lock(mu);
+  for (auto it = drivers->begin(); it != drivers->end();) {
+    // An expired engine calls nobody any more; its driver has no collectives left either,
+    // since each collective's Operation keeps the engine alive.
+    if (it->first.expired()) {
+      it = drivers->erase(it);
+      continue;
+    }
+    if (!it->first.owner_before(engine) && !engine.owner_before(it->first)) return *it->second;
+    ++it;
+  }
+  drivers->emplace_back(engine, std::unique_ptr<Driver>(new Driver(engine.get())));
+  return *drivers->back().second;
+}
+
+void Driver::launch(std::unique_ptr<CollOp> op) {
+  std::lock_guard lock(mu_);
+  op->start();
+  if (op->finished()) return;
+  ops_.push_back(std::move(op));
+  if (!registered_) {
+    engine_->add(this);
+    registered_ = true;
+  }
+}
+
+bool Driver::progress() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  bool any = false;
+  if (engine_->closed()) {
+    for (auto& op : ops_) op->abandon({ErrorCode::kFinalized, "the context was destroyed while the collective was pending"});
+    any = !ops_.empty();
+    ops_.clear();
+  }
+  for (std::size_t i = 0; i < ops_.size();) {
+    any |= ops_[i]->advance();
+    if (ops_[i]->finished()) ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
+    else ++i;
+  }
+  if (ops_.empty() && registered_) {
+    engine_->remove(this);
+    registered_ = false;
+  }
+  return any;
+}
+
+}  // namespace hmc::coll

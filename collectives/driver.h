@@ -1,0 +1,41 @@
+// Driver: the Progressable that runs every collective in flight on one ProgressEngine.
+//
+// One driver per engine rather than one Progressable per collective: ProgressEngine's
+// pass copies its list and runs it unlocked, so remove() does not wait for another
+// thread's pass that already holds the pointer; a per-collective object freed after
+// remove() could still be called. The driver lives as long as its engine (it is freed
+// only once the engine is gone), is registered while it has collectives to run and
+// removed when idle, so an idle communicator costs the progress loop nothing.
+//
+// Lock order: Driver::mu_, then CommImpl::mu_ (posting sends/receives), then the
+// engine's. progress() takes mu_ with try_lock: one thread advances the collectives
+// while others keep driving point-to-point.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collectives/coll_op.h"
+#include "core/progress.h"
+
+namespace hmc::coll {
+
+class Driver final : public core::Progressable {
+ public:
+  static Driver& of(const std::shared_ptr<core::ProgressEngine>& engine);
+
+  // Posts op's first sends and receives now, on the caller's thread, then runs it in
+  // progress().
+  void launch(std::unique_ptr<CollOp> op);
+  bool progress() override;
+
+ private:
+  explicit Driver(core::ProgressEngine* engine) : engine_(engine) {}
+  core::ProgressEngine* engine_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<CollOp>> ops_;  // oldest first
+  bool registered_ = false;
+};
+
+}  // namespace hmc::coll

@@ -1,0 +1,63 @@
+// Grouped point-to-point: the operations are posted together when end() is called and
+// complete together through one Request (NCCL's ncclGroupStart/End around send/recv).
+//
+// Group traffic uses one reserved tag; CommImpl matches a peer's messages of one tag in
+// order, so the n-th send from A to B meets the n-th receive B posts from A, across
+// groups, exactly as NCCL pairs them. Sizes must match exactly (else kMismatch).
+#include "collectives/call.h"
+#include "collectives/coll_op.h"
+#include "collectives/driver.h"
+#include "collectives/tags.h"
+#include "core/comm_impl.h"
+
+namespace hmc {
+
+Group& Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
+  if (Status s = coll::check_dtype(dtype); !s.ok()) {
+    if (error_.ok()) error_ = s;
+    return *this;
+  }
+  items_.push_back({true, const_cast<void*>(buf), count * dtype_size(dtype), peer});
+  return *this;
+}
+
+Group& Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
+  if (Status s = coll::check_dtype(dtype); !s.ok()) {
+    if (error_.ok()) error_ = s;
+    return *this;
+  }
+  items_.push_back({false, buf, count * dtype_size(dtype), peer});
+  return *this;
+}
+
+Request Group::end() {
+  auto items = std::move(items_);
+  items_.clear();
+  Status error = std::move(error_);
+  error_ = {};
+  auto reject = [](const Status& s) { return coll::failed_request({s.code(), "group: " + s.message()}); };
+  if (!error.ok()) return reject(error);
+  if (comm_.size() == 0) return reject({ErrorCode::kInvalidArgument, "communicator is empty (moved from or never created)"});
+  core::CommImpl& ci = comm_.impl();
+  if (Status s = ci.usable(); !s.ok()) return reject(s);
+  coll::Schedule sched;
+  std::size_t total = 0;
+  for (const Item& it : items) {
+    if (it.peer < 0 || it.peer >= comm_.size())
+      return reject({ErrorCode::kInvalidArgument,
+                     "peer " + std::to_string(it.peer) + " is outside [0, " + std::to_string(comm_.size()) + ")"});
+    if (!it.buf && it.bytes)
+      return reject({ErrorCode::kInvalidArgument, "null buffer with " + std::to_string(it.bytes) + " bytes"});
+    if (it.is_send) sched.send(it.buf, it.bytes, it.peer, coll::kGroupTag);
+    else sched.recv(it.buf, it.bytes, it.peer, coll::kGroupTag);
+    total += it.bytes;
+  }
+  core::ContextImpl& ctx = ci.context();
+  coll::CollSpec spec{"group", DataType::kUint8, ReduceOp::kSum, 1, total};
+  auto op = std::make_unique<coll::CollOp>(ci, 0, spec, std::move(sched), coll::Scratch(ctx, DeviceId{}));
+  Request result(op->result());
+  coll::Driver::of(ctx.engine()).launch(std::move(op));
+  return result;
+}
+
+}  // namespace hmc

@@ -1,0 +1,49 @@
+#include "collectives/scratch.h"
+
+#include <mutex>
+#include <new>
+
+#include "core/context_impl.h"
+
+namespace hmc::coll {
+namespace {
+
+constexpr std::align_val_t kAlign{64};
+
+}  // namespace
+
+void Scratch::HeapFree::operator()(uint8_t* p) const { ::operator delete(p, kAlign); }
+
+Scratch::~Scratch() = default;
+
+Result<uint8_t*> Scratch::get(std::size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (device_.provider == "cpu") {
+    // Host scratch comes from the heap, not from the cpu provider: the provider maps every
+    // block afresh (and unmaps it on free), so each collective would fault its scratch in
+    // again, while the heap hands back pages already touched. Plain host memory is device
+    // cpu:0 to core (ContextImpl::provider_of), so reduce and copy treat it the same.
+    auto* p = static_cast<uint8_t*>(::operator new(bytes, kAlign, std::nothrow));
+    if (!p) return Status(ErrorCode::kNoMemory, "collective scratch of " + std::to_string(bytes) + " bytes");
+    heap_.emplace_back(p);
+    return p;
+  }
+  auto mem = ctx_.alloc(device_, bytes, AllocKind::kDefault);
+  if (!mem) return mem.status();
+  auto* p = static_cast<uint8_t*>(mem->data());
+  device_mem_.push_back(std::move(mem.value()));
+  return p;
+}
+
+void Scratch::leak() {
+  for (auto& h : heap_) (void)h.release();
+  heap_.clear();
+  // Never destroyed: Memory's destructor would free. The provider releases it at fini.
+  static auto* graveyard = new std::vector<Memory>();
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  for (auto& m : device_mem_) graveyard->push_back(std::move(m));
+  device_mem_.clear();
+}
+
+}  // namespace hmc::coll

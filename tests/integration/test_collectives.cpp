@@ -1,0 +1,760 @@
+// Collectives in real processes, checked element by element against a serial reference.
+//
+// Inputs are small integers (a hash of seed, rank and index), so sums, products, minima
+// and maxima are exact in every dtype and the reference is exact whatever order the
+// algorithm combines in; avg is the exact sum divided once, rounded as the cpu provider
+// rounds (float quotient, then to the dtype). Integer prod wraps like the provider does.
+// Outputs are poisoned first. Many checks share one process launch per rank count.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(60);
+constexpr uint8_t kPoison = 0xCD;
+
+const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,   DataType::kUint32,
+                              DataType::kInt64,   DataType::kUint64,   DataType::kFloat16, DataType::kBFloat16,
+                              DataType::kFloat32, DataType::kFloat64};
+const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg};
+
+// ---- fp16 / bf16, independent of the library's own conversions -------------------------
+
+uint16_t to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);
+  if (exp <= 0) {  // subnormal or zero: shift with round to nearest even
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000;
+    int shift = 14 - exp;
+    uint32_t half = mant >> shift, rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(exp) << 10) | (mant >> 13), rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float from_half(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0) {
+    float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  uint32_t x = exp == 31 ? (sign | 0x7f800000 | (mant << 13)) : (sign | ((exp - 15 + 127) << 23) | (mant << 13));
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);
+  x += 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+float from_bf16(uint16_t b) {
+  uint32_t x = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// ---- typed element access --------------------------------------------------------------
+
+bool is_float(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kBFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64;
+}
+bool is_unsigned(DataType t) {
+  return t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64;
+}
+
+// Stores v (an integer, or for floats any value, rounded to the dtype) at element i.
+void store(DataType t, void* base, std::size_t i, double v) {
+  auto* p = static_cast<uint8_t*>(base) + i * dtype_size(t);
+  auto put = [&](auto x) { std::memcpy(p, &x, sizeof(x)); };
+  switch (t) {
+    case DataType::kInt8: put(static_cast<int8_t>(static_cast<int64_t>(v))); break;
+    case DataType::kUint8: put(static_cast<uint8_t>(static_cast<int64_t>(v))); break;
+    case DataType::kInt32: put(static_cast<int32_t>(static_cast<int64_t>(v))); break;
+    case DataType::kUint32: put(static_cast<uint32_t>(static_cast<int64_t>(v))); break;
+    case DataType::kInt64: put(static_cast<int64_t>(v)); break;
+    case DataType::kUint64: put(static_cast<uint64_t>(static_cast<int64_t>(v))); break;
+    case DataType::kFloat16: put(to_half(static_cast<float>(v))); break;
+    case DataType::kBFloat16: put(to_bf16(static_cast<float>(v))); break;
+    case DataType::kFloat32: put(static_cast<float>(v)); break;
+    case DataType::kFloat64: put(v); break;
+  }
+}
+
+// Raw integer store for wrapped results (the low bits of a uint64).
+void store_bits(DataType t, void* base, std::size_t i, uint64_t v) {
+  std::memcpy(static_cast<uint8_t*>(base) + i * dtype_size(t), &v, dtype_size(t));  // little endian
+}
+
+double load(DataType t, const void* base, std::size_t i) {
+  const auto* p = static_cast<const uint8_t*>(base) + i * dtype_size(t);
+  auto get = [&](auto x) {
+    std::memcpy(&x, p, sizeof(x));
+    return x;
+  };
+  switch (t) {
+    case DataType::kInt8: return get(int8_t{});
+    case DataType::kUint8: return get(uint8_t{});
+    case DataType::kInt32: return get(int32_t{});
+    case DataType::kUint32: return get(uint32_t{});
+    case DataType::kInt64: return static_cast<double>(get(int64_t{}));
+    case DataType::kUint64: return static_cast<double>(get(uint64_t{}));
+    case DataType::kFloat16: return from_half(get(uint16_t{}));
+    case DataType::kBFloat16: return from_bf16(get(uint16_t{}));
+    case DataType::kFloat32: return get(float{});
+    case DataType::kFloat64: return get(double{});
+  }
+  return 0;
+}
+
+// The input of (seed, rank, index): an integer in [-3, 3], or [0, 6] for unsigned types,
+// so that products of 5 ranks stay exact in bf16 (|x| <= 243 < 2^8).
+int64_t input(DataType t, uint64_t seed, int rank, std::size_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(rank) * 0xbf58476d1ce4e5b9ull + i * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  z *= 0xd6e9f8e3a5c1b1a5ull;
+  z ^= z >> 29;
+  int64_t v = static_cast<int64_t>(z % 7);
+  return is_unsigned(t) ? v : v - 3;
+}
+
+struct Buf {
+  DataType t;
+  std::vector<uint8_t> bytes;
+  Buf(DataType type, std::size_t count) : t(type), bytes(std::max<std::size_t>(1, count) * dtype_size(type), kPoison) {}
+  void* data() { return bytes.data(); }
+  void* at(std::size_t elems) { return bytes.data() + elems * dtype_size(t); }
+};
+
+void fill(Buf& b, std::size_t at, std::size_t count, uint64_t seed, int rank, std::size_t first_index) {
+  for (std::size_t i = 0; i < count; ++i) store(b.t, b.data(), at + i, static_cast<double>(input(b.t, seed, rank, first_index + i)));
+}
+
+// The reduction of element `index` of every rank's input, written into `out` at `at`.
+void reference(DataType t, ReduceOp op, int n, uint64_t seed, std::size_t index, void* out, std::size_t at) {
+  int64_t sum = 0, lo = INT64_MAX, hi = INT64_MIN;
+  uint64_t wrapped_sum = 0, wrapped_prod = 1;
+  double prod = 1;
+  for (int q = 0; q < n; ++q) {
+    int64_t v = input(t, seed, q, index);
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    wrapped_sum += static_cast<uint64_t>(v);
+    wrapped_prod *= static_cast<uint64_t>(v);
+    prod *= static_cast<double>(v);
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+      if (is_float(t)) store(t, out, at, static_cast<double>(sum));
+      else store_bits(t, out, at, wrapped_sum);
+      break;
+    case ReduceOp::kProd:
+      if (is_float(t)) store(t, out, at, prod);
+      else store_bits(t, out, at, wrapped_prod);
+      break;
+    case ReduceOp::kMin: store(t, out, at, static_cast<double>(lo)); break;
+    case ReduceOp::kMax: store(t, out, at, static_cast<double>(hi)); break;
+    case ReduceOp::kAvg:
+      if (t == DataType::kFloat64) store(t, out, at, static_cast<double>(sum) / n);
+      else if (is_float(t)) store(t, out, at, static_cast<float>(static_cast<double>(sum) / n));
+      else store(t, out, at, static_cast<double>(sum / n));  // C++ division truncates toward zero
+      break;
+  }
+}
+
+// First differing element of two typed ranges, or -1.
+long first_difference(DataType t, const void* got, const void* want, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (is_float(t)) {
+      if (load(t, got, i) != load(t, want, i)) return static_cast<long>(i);
+    } else if (std::memcmp(static_cast<const uint8_t*>(got) + i * dtype_size(t),
+                           static_cast<const uint8_t*>(want) + i * dtype_size(t), dtype_size(t)) != 0) {
+      return static_cast<long>(i);
+    }
+  }
+  return -1;
+}
+
+bool poisoned(const void* p, std::size_t bytes) {
+  for (std::size_t i = 0; i < bytes; ++i)
+    if (static_cast<const uint8_t*>(p)[i] != kPoison) return false;
+  return true;
+}
+
+// What a check ran with, for failure messages.
+struct Case {
+  const char* coll;
+  DataType t;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+  const CollOptions& opt;
+  std::string text(long at = -1) const {
+    return std::string(coll) + " dtype=" + dtype_name(t) + " op=" + op_name(op) + " count=" + std::to_string(count) +
+           (in_place ? " in-place" : " out-of-place") + " algo=" + (opt.algorithm.empty() ? "auto" : opt.algorithm) +
+           (at >= 0 ? " first wrong element " + std::to_string(at) : "");
+  }
+};
+
+#define CHECK_SAME(cs, got, want, count)                                                  \
+  do {                                                                                    \
+    long at_ = first_difference((cs).t, got, want, count);                                \
+    HMC_EXPECT(at_ < 0, (cs).text(at_) + " got " + std::to_string(load((cs).t, got, at_)) + \
+                            " want " + std::to_string(load((cs).t, want, at_)));          \
+  } while (0)
+
+// ---- one check per collective ------------------------------------------------------------
+
+int check_all_reduce(RankEnv& e, DataType t, ReduceOp op, std::size_t count, bool in_place, const CollOptions& opt,
+                     uint64_t seed) {
+  Case cs{"all_reduce", t, op, count, in_place, opt};
+  Buf send(t, count), recv(t, count), want(t, count);
+  fill(send, 0, count, seed, e.rank, 0);
+  for (std::size_t i = 0; i < count; ++i) reference(t, op, e.size, seed, i, want.data(), i);
+  void* out = in_place ? send.data() : recv.data();
+  Status s = all_reduce(e.comm, send.data(), out, count, t, op, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, out, want.data(), count);
+  return 0;
+}
+
+int check_reduce(RankEnv& e, DataType t, ReduceOp op, std::size_t count, bool in_place, const CollOptions& opt,
+                 uint64_t seed) {
+  Case cs{"reduce", t, op, count, in_place, opt};
+  const int root = static_cast<int>(seed % e.size);
+  Buf send(t, count), recv(t, count), want(t, count);
+  fill(send, 0, count, seed, e.rank, 0);
+  for (std::size_t i = 0; i < count; ++i) reference(t, op, e.size, seed, i, want.data(), i);
+  void* out = in_place && e.rank == root ? send.data() : recv.data();
+  Status s = reduce(e.comm, send.data(), out, count, t, op, root, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  if (e.rank == root) CHECK_SAME(cs, out, want.data(), count);
+  else HMC_EXPECT(poisoned(recv.data(), recv.bytes.size()), cs.text() + ": a non-root recv buffer was written");
+  return 0;
+}
+
+int check_reduce_scatter(RankEnv& e, DataType t, ReduceOp op, std::size_t count, bool in_place,
+                         const CollOptions& opt, uint64_t seed) {
+  Case cs{"reduce_scatter", t, op, count, in_place, opt};
+  const std::size_t n = e.size;
+  Buf send(t, n * count), recv(t, count), want(t, count);
+  fill(send, 0, n * count, seed, e.rank, 0);
+  Buf before = send;
+  for (std::size_t i = 0; i < count; ++i) reference(t, op, e.size, seed, e.rank * count + i, want.data(), i);
+  void* out = in_place ? send.at(e.rank * count) : recv.data();
+  Status s = reduce_scatter(e.comm, send.data(), out, count, t, op, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, out, want.data(), count);
+  // The other blocks of the send buffer are only read.
+  for (std::size_t q = 0; q < n; ++q)
+    if (!in_place || q != static_cast<std::size_t>(e.rank))
+      HMC_EXPECT(std::memcmp(send.at(q * count), before.at(q * count), count * dtype_size(t)) == 0,
+                 cs.text() + ": the send buffer was modified");
+  return 0;
+}
+
+int check_all_gather(RankEnv& e, DataType t, std::size_t count, bool in_place, const CollOptions& opt, uint64_t seed) {
+  Case cs{"all_gather", t, ReduceOp::kSum, count, in_place, opt};
+  const std::size_t n = e.size;
+  Buf send(t, count), recv(t, n * count), want(t, n * count);
+  for (int q = 0; q < e.size; ++q) fill(want, q * count, count, seed, q, 0);
+  fill(send, 0, count, seed, e.rank, 0);
+  if (in_place) fill(recv, e.rank * count, count, seed, e.rank, 0);
+  const void* in = in_place ? recv.at(e.rank * count) : send.data();
+  Status s = all_gather(e.comm, in, recv.data(), count, t, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, recv.data(), want.data(), n * count);
+  return 0;
+}
+
+int check_broadcast(RankEnv& e, DataType t, std::size_t count, const CollOptions& opt, uint64_t seed) {
+  Case cs{"broadcast", t, ReduceOp::kSum, count, true, opt};
+  const int root = static_cast<int>((seed / 3) % e.size);
+  Buf buf(t, count), want(t, count);
+  fill(want, 0, count, seed, root, 0);
+  if (e.rank == root) fill(buf, 0, count, seed, root, 0);
+  Status s = broadcast(e.comm, buf.data(), count, t, root, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, buf.data(), want.data(), count);
+  return 0;
+}
+
+int check_gather(RankEnv& e, DataType t, std::size_t count, bool in_place, const CollOptions& opt, uint64_t seed) {
+  Case cs{"gather", t, ReduceOp::kSum, count, in_place, opt};
+  const std::size_t n = e.size;
+  const int root = static_cast<int>(seed % e.size);
+  Buf send(t, count), recv(t, n * count), want(t, n * count);
+  for (int q = 0; q < e.size; ++q) fill(want, q * count, count, seed, q, 0);
+  fill(send, 0, count, seed, e.rank, 0);
+  const void* in = send.data();
+  if (in_place && e.rank == root) {
+    fill(recv, root * count, count, seed, root, 0);
+    in = recv.at(root * count);
+  }
+  Status s = gather(e.comm, in, recv.data(), count, t, root, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  if (e.rank == root) CHECK_SAME(cs, recv.data(), want.data(), n * count);
+  return 0;
+}
+
+int check_scatter(RankEnv& e, DataType t, std::size_t count, bool in_place, const CollOptions& opt, uint64_t seed) {
+  Case cs{"scatter", t, ReduceOp::kSum, count, in_place, opt};
+  const std::size_t n = e.size;
+  const int root = static_cast<int>((seed + 1) % e.size);
+  Buf send(t, n * count), recv(t, count), want(t, count);
+  fill(want, 0, count, seed, root, e.rank * count);
+  if (e.rank == root) fill(send, 0, n * count, seed, root, 0);
+  void* out = in_place && e.rank == root ? send.at(root * count) : recv.data();
+  Status s = scatter(e.comm, send.data(), out, count, t, root, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, out, want.data(), count);
+  return 0;
+}
+
+int check_all_to_all(RankEnv& e, DataType t, std::size_t count, bool in_place, const CollOptions& opt, uint64_t seed) {
+  Case cs{"all_to_all", t, ReduceOp::kSum, count, in_place, opt};
+  const std::size_t n = e.size;
+  Buf send(t, n * count), recv(t, n * count), want(t, n * count);
+  fill(send, 0, n * count, seed, e.rank, 0);
+  for (int q = 0; q < e.size; ++q) fill(want, q * count, count, seed, q, e.rank * count);
+  void* out = in_place ? send.data() : recv.data();
+  Status s = all_to_all(e.comm, send.data(), out, count, t, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  CHECK_SAME(cs, out, want.data(), n * count);
+  return 0;
+}
+
+// Rank r sends (r + 2j + seed) % 4 elements to rank j (zero included), packed with a
+// one-element gap so that displacements matter.
+std::size_t v_count(int from, int to, uint64_t seed) { return (from + 2 * to + seed) % 4; }
+
+int check_all_to_all_v(RankEnv& e, DataType t, const CollOptions& opt, uint64_t seed) {
+  Case cs{"all_to_all_v", t, ReduceOp::kSum, 0, false, opt};
+  const int n = e.size, r = e.rank;
+  std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+  std::size_t so = 0, ro = 0;
+  for (int j = 0; j < n; ++j) {
+    sc[j] = v_count(r, j, seed);
+    sd[j] = so;
+    so += sc[j] + 1;
+    rc[j] = v_count(j, r, seed);
+    rd[j] = ro;
+    ro += rc[j] + 1;
+  }
+  Buf send(t, so), recv(t, ro);
+  for (int j = 0; j < n; ++j) fill(send, sd[j], sc[j], seed, r, j * 16);
+  Status s = all_to_all_v(e.comm, send.data(), sc, sd, recv.data(), rc, rd, t, opt).wait(kWait);
+  HMC_EXPECT(s.ok(), cs.text() + ": " + s.to_string());
+  for (int j = 0; j < n; ++j) {
+    Buf want(t, rc[j]);
+    fill(want, 0, rc[j], seed, j, r * 16);
+    CHECK_SAME(cs, recv.at(rd[j]), want.data(), rc[j]);
+    HMC_EXPECT(poisoned(recv.at(rd[j] + rc[j]), dtype_size(t)), cs.text() + ": the gap after a block was written");
+  }
+  return 0;
+}
+
+// Every collective, every dtype, every op, in place and not, for a few counts.
+int check_everything(RankEnv& e, const std::vector<std::size_t>& counts, const CollOptions& opt,
+                     const std::vector<DataType>& types, const std::vector<ReduceOp>& ops) {
+  uint64_t seed = 1;
+  for (std::size_t count : counts)
+    for (DataType t : types) {
+      for (bool in_place : {false, true}) {
+        for (ReduceOp op : ops) {
+          if (int rc = check_all_reduce(e, t, op, count, in_place, opt, seed++)) return rc;
+          if (int rc = check_reduce(e, t, op, count, in_place, opt, seed++)) return rc;
+          if (int rc = check_reduce_scatter(e, t, op, count, in_place, opt, seed++)) return rc;
+        }
+        if (int rc = check_all_gather(e, t, count, in_place, opt, seed++)) return rc;
+        if (int rc = check_gather(e, t, count, in_place, opt, seed++)) return rc;
+        if (int rc = check_scatter(e, t, count, in_place, opt, seed++)) return rc;
+        if (int rc = check_all_to_all(e, t, count, in_place, opt, seed++)) return rc;
+      }
+      if (int rc = check_broadcast(e, t, count, opt, seed++)) return rc;
+      if (int rc = check_all_to_all_v(e, t, opt, seed++)) return rc;
+    }
+  HMC_EXPECT_OK(barrier(e.comm, opt).wait(kWait));
+  return 0;
+}
+
+std::map<std::string, std::string> settings(const std::string& providers = "", const std::string& chunk = "") {
+  std::map<std::string, std::string> s{{"HMC_TIMEOUT", "60s"}};
+  if (!providers.empty()) s["HMC_PROVIDERS"] = providers;
+  if (!chunk.empty()) s["HMC_COLL_CHUNK"] = chunk;
+  return s;
+}
+
+void run(int ranks, const std::map<std::string, std::string>& s, const std::function<int(RankEnv&)>& body,
+         std::chrono::seconds deadline = std::chrono::seconds(240)) {
+  auto exits = test::run_ranks(ranks, s, body, deadline);
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+std::vector<DataType> all_types() { return {std::begin(kAllTypes), std::end(kAllTypes)}; }
+std::vector<ReduceOp> all_ops() { return {std::begin(kAllOps), std::end(kAllOps)}; }
+
+}  // namespace
+
+TEST_CASE("every collective, dtype, op and layout matches the serial reference on 1 to 5 ranks", "[collectives]") {
+  for (int n = 1; n <= 5; ++n) {
+    DYNAMIC_SECTION(n << " ranks") {
+      run(n, settings(), [](RankEnv& e) { return check_everything(e, {0, 1, 5, 1237}, {}, all_types(), all_ops()); });
+    }
+  }
+}
+
+TEST_CASE("each forced algorithm is correct, chunked, on 2 to 5 ranks", "[collectives][algorithms]") {
+  // A small chunk makes the pipelines run with many chunks at moderate sizes.
+  for (int n = 2; n <= 5; ++n) {
+    DYNAMIC_SECTION(n << " ranks") {
+      run(n, settings("", "4K"), [](RankEnv& e) {
+        const std::vector<DataType> types = {DataType::kFloat32, DataType::kInt32, DataType::kBFloat16, DataType::kInt8};
+        const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kProd};
+        const std::size_t counts[] = {1, 3001, 40000};
+        uint64_t seed = 100;
+        for (const char* algo : {"ring", "rd", "rhd", "tree"}) {
+          CollOptions opt{algo, std::nullopt};
+          for (std::size_t count : counts)
+            for (DataType t : types)
+              for (ReduceOp op : ops)
+                for (bool in_place : {false, true})
+                  if (int rc = check_all_reduce(e, t, op, count, in_place, opt, seed++)) return rc;
+        }
+        for (const char* algo : {"ring", "rd"}) {
+          CollOptions opt{algo, std::nullopt};
+          for (std::size_t count : counts)
+            for (DataType t : types) {
+              for (ReduceOp op : ops)
+                for (bool in_place : {false, true})
+                  if (int rc = check_reduce_scatter(e, t, op, count, in_place, opt, seed++)) return rc;
+              for (bool in_place : {false, true})
+                if (int rc = check_all_gather(e, t, count, in_place, opt, seed++)) return rc;
+            }
+        }
+        for (const char* algo : {"tree", "ring"}) {
+          CollOptions opt{algo, std::nullopt};
+          for (std::size_t count : counts)
+            for (DataType t : types) {
+              if (int rc = check_broadcast(e, t, count, opt, seed++)) return rc;
+              for (ReduceOp op : ops)
+                for (bool in_place : {false, true})
+                  if (int rc = check_reduce(e, t, op, count, in_place, opt, seed++)) return rc;
+            }
+        }
+        for (const char* algo : {"pairwise", "linear"}) {
+          CollOptions opt{algo, std::nullopt};
+          for (std::size_t count : counts)
+            for (bool in_place : {false, true})
+              if (int rc = check_all_to_all(e, DataType::kFloat32, count, in_place, opt, seed++)) return rc;
+          if (int rc = check_all_to_all_v(e, DataType::kInt64, opt, seed++)) return rc;
+        }
+        return 0;
+      });
+    }
+  }
+}
+
+TEST_CASE("HMC_ALGO forces algorithms globally and per collective", "[collectives][algorithms]") {
+  auto s = settings();
+  s["HMC_ALGO"] = "all_reduce=rhd,all_gather=rd,reduce_scatter=ring,broadcast=ring";
+  run(3, s, [](RankEnv& e) {
+    for (std::size_t count : {7, 20000})
+      if (int rc = check_everything(e, {count}, {}, {DataType::kFloat32}, {ReduceOp::kSum, ReduceOp::kAvg})) return rc;
+    return 0;
+  });
+  s["HMC_ALGO"] = "ring";
+  run(4, s, [](RankEnv& e) { return check_everything(e, {3, 5000}, {}, {DataType::kInt32}, {ReduceOp::kMin}); });
+}
+
+TEST_CASE("large all_reduce of 16 MiB fp32 is exact over each provider", "[collectives][large]") {
+  for (const auto& provider : test::available_net_providers()) {
+    for (int n : {2, 4}) {
+      DYNAMIC_SECTION(provider << ", " << n << " ranks") {
+        run(n, settings("cpu," + provider), [](RankEnv& e) {
+          const std::size_t count = 4u << 20;  // 16 MiB of fp32
+          CollOptions opt;
+          if (int rc = check_all_reduce(e, DataType::kFloat32, ReduceOp::kSum, count, false, opt, 7)) return rc;
+          if (int rc = check_all_reduce(e, DataType::kFloat32, ReduceOp::kAvg, count, true, opt, 8)) return rc;
+          if (int rc = check_all_gather(e, DataType::kFloat32, count / e.size, false, opt, 9)) return rc;
+          if (int rc = check_reduce_scatter(e, DataType::kFloat32, ReduceOp::kSum, count / e.size, false, opt, 10)) return rc;
+          return check_all_to_all(e, DataType::kFloat32, count / e.size, false, opt, 11);
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("every collective runs over tcp and over shm", "[collectives][providers]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      run(3, settings("cpu," + provider), [](RankEnv& e) {
+        return check_everything(e, {0, 3, 70000}, {}, {DataType::kFloat16, DataType::kUint64},
+                                {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin});
+      });
+    }
+  }
+}
+
+TEST_CASE("several collectives in flight on one communicator complete independently", "[collectives]") {
+  run(4, settings("", "16K"), [](RankEnv& e) {
+    const std::size_t count = 50000;
+    const int n = e.size;
+    std::vector<float> a(count), b(count * n), c(count);
+    for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>(e.rank + i % 5);
+    std::vector<float> mine(count, static_cast<float>(e.rank));
+    for (std::size_t i = 0; i < count; ++i) c[i] = e.rank == 1 ? static_cast<float>(i % 11) : -1.f;
+    Request reqs[] = {all_reduce(e.comm, a.data(), a.data(), count, DataType::kFloat32, ReduceOp::kSum),
+                      all_gather(e.comm, mine.data(), b.data(), count, DataType::kFloat32),
+                      broadcast(e.comm, c.data(), count, DataType::kFloat32, 1),
+                      barrier(e.comm)};
+    // Completion is tested out of order: the last one first.
+    for (int i = 3; i >= 0; --i) HMC_EXPECT_OK(reqs[i].wait(kWait));
+    for (std::size_t i = 0; i < count; ++i) {
+      HMC_EXPECT(a[i] == static_cast<float>(n * (n - 1) / 2 + n * (i % 5)), "all_reduce wrong at " + std::to_string(i));
+      HMC_EXPECT(c[i] == static_cast<float>(i % 11), "broadcast wrong at " + std::to_string(i));
+    }
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < count; i += 997)
+        HMC_EXPECT(b[q * count + i] == static_cast<float>(q), "all_gather wrong");
+    HMC_EXPECT(reqs[0].bytes() == count * sizeof(float), "Request::bytes of all_reduce");
+    return 0;
+  });
+}
+
+TEST_CASE("split builds sub-communicators ordered by key", "[collectives][split]") {
+  run(5, settings(), [](RankEnv& e) {
+    // Ranks 0, 2, 4 form one color ordered by descending parent rank; 1 and 3 another;
+    // then every rank splits again with rank 3 opting out.
+    const int color = e.rank % 2;
+    auto sub = split(e.ctx, e.comm, color, -e.rank);
+    HMC_EXPECT(sub.ok(), sub.status().to_string());
+    const int expect_size = color == 0 ? 3 : 2;
+    HMC_EXPECT(sub->size() == expect_size, "sub-communicator size " + std::to_string(sub->size()));
+    // Descending parent rank: the highest parent rank of the color is sub-rank 0.
+    const int expect_rank = color == 0 ? (4 - e.rank) / 2 : (3 - e.rank) / 2;
+    HMC_EXPECT(sub->rank() == expect_rank, "sub rank " + std::to_string(sub->rank()));
+    int64_t v = e.rank, sum = 0;
+    HMC_EXPECT_OK(all_reduce(sub.value(), &v, &sum, 1, DataType::kInt64, ReduceOp::kSum).wait(kWait));
+    HMC_EXPECT(sum == (color == 0 ? 6 : 4), "sum over the sub-communicator " + std::to_string(sum));
+    // The parent still works while the sub-communicator exists.
+    HMC_EXPECT_OK(all_reduce(e.comm, &v, &sum, 1, DataType::kInt64, ReduceOp::kSum).wait(kWait));
+    HMC_EXPECT(sum == 10, "sum over the parent");
+    RankEnv sub_env{sub->rank(), sub->size(), e.ctx, sub.value()};
+    if (int rc = check_everything(sub_env, {3, 3000}, {}, {DataType::kInt32}, {ReduceOp::kSum, ReduceOp::kMax})) return rc;
+    auto again = split(e.ctx, e.comm, e.rank == 3 ? -1 : 0, 0);
+    HMC_EXPECT(again.ok(), again.status().to_string());
+    if (e.rank == 3) {
+      HMC_EXPECT(again->size() == 0, "a negative color joins no communicator");
+    } else {
+      HMC_EXPECT(again->size() == 4, "size without rank 3");
+      HMC_EXPECT_OK(barrier(again.value()).wait(kWait));
+      HMC_EXPECT_OK(again->finalize());
+    }
+    HMC_EXPECT_OK(sub->finalize());
+    return 0;
+  });
+}
+
+TEST_CASE("grouped send/recv posts together and completes together", "[collectives][group]") {
+  run(3, settings(), [](RankEnv& e) {
+    const int n = e.size, next = (e.rank + 1) % n, prev = (e.rank + n - 1) % n;
+    const std::size_t big = 300000;  // rendezvous-sized
+    std::vector<int32_t> out_small(10, e.rank), out_big(big), in_small(10, -1), in_big(big, -1), self_in(4, -1);
+    for (std::size_t i = 0; i < big; ++i) out_big[i] = static_cast<int32_t>(e.rank * 1000 + i);
+    std::vector<int32_t> self_out = {e.rank, 1, 2, 3};
+    // Two messages to the same peer: they pair up in posting order.
+    Request r = Group(e.comm)
+                    .recv(in_big.data(), big, DataType::kInt32, prev)
+                    .send(out_small.data(), 10, DataType::kInt32, next)
+                    .send(out_big.data(), big, DataType::kInt32, next)
+                    .recv(in_small.data(), 10, DataType::kInt32, prev)
+                    .send(self_out.data(), 4, DataType::kInt32, e.rank)
+                    .recv(self_in.data(), 4, DataType::kInt32, e.rank)
+                    .end();
+    Status s = r.wait(kWait);
+    // Ranks receive in the order recv(big), recv(small) but the peer sends small first:
+    // the first receive from prev matches the first send, so the sizes disagree.
+    HMC_EXPECT(s.code() == ErrorCode::kMismatch, "expected a size mismatch, got " + s.to_string());
+    HMC_EXPECT_OK(e.comm.barrier());
+    return 0;
+  });
+  run(3, settings(), [](RankEnv& e) {
+    const int n = e.size, next = (e.rank + 1) % n, prev = (e.rank + n - 1) % n;
+    const std::size_t big = 300000;
+    std::vector<int32_t> out_small(10, e.rank), out_big(big), in_small(10, -1), in_big(big, -1), self_in(4, -1);
+    for (std::size_t i = 0; i < big; ++i) out_big[i] = static_cast<int32_t>(e.rank * 1000 + i);
+    std::vector<int32_t> self_out = {e.rank, 1, 2, 3};
+    Group g(e.comm);
+    g.recv(in_small.data(), 10, DataType::kInt32, prev).recv(in_big.data(), big, DataType::kInt32, prev);
+    g.send(out_small.data(), 10, DataType::kInt32, next).send(out_big.data(), big, DataType::kInt32, next);
+    g.send(self_out.data(), 4, DataType::kInt32, e.rank).recv(self_in.data(), 4, DataType::kInt32, e.rank);
+    Request r = g.end();
+    HMC_EXPECT_OK(r.wait(kWait));
+    HMC_EXPECT(r.bytes() == 2 * (10 + big + 4) * sizeof(int32_t), "group bytes " + std::to_string(r.bytes()));
+    HMC_EXPECT(in_small == std::vector<int32_t>(10, prev), "small message wrong");
+    for (std::size_t i = 0; i < big; i += 1001) HMC_EXPECT(in_big[i] == static_cast<int32_t>(prev * 1000 + i), "big message wrong");
+    HMC_EXPECT(self_in == self_out, "message to self wrong");
+    // An empty group completes; bad arguments fail at end().
+    HMC_EXPECT_OK(Group(e.comm).end().wait(kWait));
+    Status bad = Group(e.comm).send(out_small.data(), 1, DataType::kInt32, n).end().wait(kWait);
+    HMC_EXPECT(bad.code() == ErrorCode::kInvalidArgument, bad.to_string());
+    bad = Group(e.comm).recv(nullptr, 3, DataType::kInt32, prev).end().wait(kWait);
+    HMC_EXPECT(bad.code() == ErrorCode::kInvalidArgument, bad.to_string());
+    bad = Group(e.comm).recv(in_small.data(), 3, static_cast<DataType>(42), prev).end().wait(kWait);
+    HMC_EXPECT(bad.code() == ErrorCode::kInvalidArgument, bad.to_string());
+    return 0;
+  });
+}
+
+TEST_CASE("mismatched arguments fail every rank with kMismatch when checked", "[collectives][check]") {
+  auto s = settings();
+  s["HMC_COLL_CHECK"] = "true";
+  run(3, s, [](RankEnv& e) {
+    std::vector<float> a(64, 1.f), b(64 * 3, 0.f);
+    auto expect_mismatch = [&](Status st, const std::string& word) -> int {
+      HMC_EXPECT(st.code() == ErrorCode::kMismatch, "expected kMismatch, got " + st.to_string());
+      HMC_EXPECT(st.message().find(word) != std::string::npos, "message does not name " + word + ": " + st.message());
+      return 0;
+    };
+    // Rank 2 passes another count.
+    std::size_t count = e.rank == 2 ? 32 : 64;
+    if (int rc = expect_mismatch(all_reduce(e.comm, a.data(), a.data(), count, DataType::kFloat32, ReduceOp::kSum).wait(kWait), "count")) return rc;
+    // Rank 0 another dtype, then another op, then another root.
+    DataType t = e.rank == 0 ? DataType::kInt32 : DataType::kFloat32;
+    if (int rc = expect_mismatch(all_reduce(e.comm, a.data(), b.data(), 8, t, ReduceOp::kSum).wait(kWait), "dtype")) return rc;
+    ReduceOp op = e.rank == 1 ? ReduceOp::kMax : ReduceOp::kSum;
+    if (int rc = expect_mismatch(reduce_scatter(e.comm, b.data(), a.data(), 8, DataType::kFloat32, op).wait(kWait), "op")) return rc;
+    if (int rc = expect_mismatch(broadcast(e.comm, a.data(), 8, DataType::kFloat32, e.rank == 1 ? 2 : 0).wait(kWait), "root")) return rc;
+    // Another collective altogether.
+    Request other = e.rank == 0 ? all_gather(e.comm, a.data(), b.data(), 8, DataType::kFloat32)
+                                : all_reduce(e.comm, a.data(), b.data(), 8, DataType::kFloat32, ReduceOp::kSum);
+    if (int rc = expect_mismatch(other.wait(kWait), "called")) return rc;
+    // all_to_all_v: rank 1 expects one element more from rank 0 than rank 0 sends.
+    std::vector<std::size_t> sc(3, 2), sd = {0, 2, 4}, rc(3, 2), rd = {0, 2, 4};
+    if (e.rank == 1) rc[0] = 3, rd = {0, 3, 5};
+    std::vector<float> vin(6, 1.f), vout(8, 0.f);
+    if (int r = expect_mismatch(all_to_all_v(e.comm, vin.data(), sc, sd, vout.data(), rc, rd, DataType::kFloat32).wait(kWait), "elements")) return r;
+    // An explicit option overrides the setting: no check, matching arguments work.
+    CollOptions nocheck{"", false};
+    std::vector<float> x(64, static_cast<float>(e.rank));
+    HMC_EXPECT_OK(all_reduce(e.comm, x.data(), x.data(), 64, DataType::kFloat32, ReduceOp::kSum, nocheck).wait(kWait));
+    HMC_EXPECT(x[63] == 3.f, "all_reduce after the mismatches");
+    // Matching arguments pass the check, and a check-only exchange of count 0 works.
+    HMC_EXPECT_OK(all_reduce(e.comm, x.data(), x.data(), 0, DataType::kFloat32, ReduceOp::kSum).wait(kWait));
+    return check_everything(e, {2}, {}, {DataType::kInt8}, {ReduceOp::kSum});
+  });
+}
+
+TEST_CASE("without the check a mismatched size shows up as kMismatch from point-to-point", "[collectives][check]") {
+  run(2, settings(), [](RankEnv& e) {
+    std::vector<int32_t> a(100, 1);
+    CollOptions ring{"ring", false};
+    // Rank 1's blocks are smaller: receives need exact sizes, so the call fails, no crash.
+    std::size_t count = e.rank == 0 ? 100 : 90;
+    Status s = all_reduce(e.comm, a.data(), a.data(), count, DataType::kInt32, ReduceOp::kSum, ring).wait(std::chrono::seconds(5));
+    HMC_EXPECT(!s.ok(), "a mismatched all_reduce succeeded");
+    HMC_EXPECT(s.code() == ErrorCode::kMismatch || s.code() == ErrorCode::kTimeout, s.to_string());
+    return 0;
+  });
+}
+
+TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives][errors]") {
+  run(2, settings(), [](RankEnv& e) {
+    std::vector<float> a(16, 1.f), b(32, 0.f);
+    auto invalid = [](Request r, const std::string& word) -> int {
+      HMC_EXPECT(r.test(), "an invalid call did not fail at once");
+      Status s = r.status();
+      HMC_EXPECT(s.code() == ErrorCode::kInvalidArgument, "expected kInvalidArgument, got " + s.to_string());
+      HMC_EXPECT(s.message().find(word) != std::string::npos, "message does not mention " + word + ": " + s.message());
+      return 0;
+    };
+    const auto f32 = DataType::kFloat32;
+    const auto sum = ReduceOp::kSum;
+    if (int rc = invalid(all_reduce(e.comm, nullptr, a.data(), 4, f32, sum), "null send")) return rc;
+    if (int rc = invalid(all_reduce(e.comm, a.data(), nullptr, 4, f32, sum), "null recv")) return rc;
+    if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, static_cast<DataType>(17), sum), "dtype")) return rc;
+    if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, static_cast<ReduceOp>(9)), "op")) return rc;
+    if (int rc = invalid(all_reduce(e.comm, a.data(), a.data() + 1, 4, f32, sum), "overlap")) return rc;
+    if (int rc = invalid(reduce(e.comm, a.data(), b.data(), 4, f32, sum, 2), "root")) return rc;
+    if (int rc = invalid(broadcast(e.comm, a.data(), 4, f32, -1), "root")) return rc;
+    if (int rc = invalid(gather(e.comm, a.data(), b.data(), 4, f32, 5), "root")) return rc;
+    if (int rc = invalid(scatter(e.comm, nullptr, b.data(), 4, f32, e.rank), "null send")) return rc;
+    if (int rc = invalid(all_gather(e.comm, a.data(), nullptr, 4, f32), "null recv")) return rc;
+    if (int rc = invalid(reduce_scatter(e.comm, reinterpret_cast<uint8_t*>(b.data()) + 1, a.data(), 2, f32, sum), "aligned")) return rc;
+    std::vector<std::size_t> two(2, 1), three(3, 1);
+    if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, three, b.data(), two, two, f32), "one entry per rank")) return rc;
+    if (int rc = invalid(all_to_all(e.comm, a.data(), b.data(), 2, f32, {"ring", std::nullopt}), "no algorithm")) return rc;
+    if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, sum, {"fastest", std::nullopt}), "fastest")) return rc;
+    Communicator empty;
+    if (int rc = invalid(barrier(empty), "empty")) return rc;
+    // The calls above still took their sequence numbers on both ranks: this one matches.
+    HMC_EXPECT_OK(all_reduce(e.comm, a.data(), a.data(), 16, f32, sum).wait(kWait));
+    HMC_EXPECT(a[0] == 2.f, "all_reduce after invalid calls");
+    return 0;
+  });
+  auto s = settings();
+  s["HMC_ALGO"] = "all_reduce=pairwise";
+  run(1, s, [](RankEnv& e) {
+    float x = 1;
+    Status st = all_reduce(e.comm, &x, &x, 1, DataType::kFloat32, ReduceOp::kSum).wait(kWait);
+    HMC_EXPECT(st.code() == ErrorCode::kInvalidArgument && st.message().find("HMC_ALGO") != std::string::npos, st.to_string());
+    return 0;
+  });
+}
+
+TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][errors]") {
+  auto s = settings();
+  s["HMC_TIMEOUT"] = "20s";
+  auto exits = test::run_ranks(3, s, [](RankEnv& e) -> int {
+    if (e.rank == 2) _exit(0);  // leaves without taking part
+    std::vector<float> a(100000, 1.f);
+    Status st = all_reduce(e.comm, a.data(), a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum).wait(std::chrono::seconds(20));
+    HMC_EXPECT(st.code() == ErrorCode::kPeerLost, "expected kPeerLost, got " + st.to_string());
+    e.comm.abort();
+    return 0;
+  }, std::chrono::seconds(60));
+  INFO(test::describe(exits));
+  REQUIRE(exits[0].exit_code == 0);
+  REQUIRE(exits[1].exit_code == 0);
+}
+
+TEST_CASE("wait with a deadline times out and the collective still completes", "[collectives]") {
+  run(2, settings(), [](RankEnv& e) {
+    int64_t v = e.rank + 1, out = 0;
+    if (e.rank == 1) usleep(300000);  // rank 0 waits briefly first
+    Request r = all_reduce(e.comm, &v, &out, 1, DataType::kInt64, ReduceOp::kSum);
+    if (e.rank == 0) {
+      Status early = r.wait(std::chrono::milliseconds(20));
+      HMC_EXPECT(early.code() == ErrorCode::kTimeout, "expected kTimeout, got " + early.to_string());
+    }
+    HMC_EXPECT_OK(r.wait(kWait));
+    HMC_EXPECT(out == 3, "all_reduce result");
+    return 0;
+  });
+}
