@@ -1,9 +1,20 @@
 // One framed, bidirectional connection over a stream socket (TCP or Unix).
 //
 // Threads. The socket and the reader/writer state belong to the provider's io
-// thread. Caller threads only queue work under mu_ (send queue, posted
-// receives, buffered messages, state) and poke the io thread. Requests are
-// completed on the io thread and the host is woken.
+// thread. Caller threads queue work under mu_ (send queue, posted receives,
+// buffered messages, state) and poke the io thread. Requests are completed on
+// the io thread and the host is woken once per read or write turn.
+//
+// One exception, for latency: a send_msg of a small message that finds the
+// writer idle (nothing queued, no pump armed, no other caller writing) claims
+// the write side under mu_ (caller_writing_) and writes the frame itself with
+// one non-blocking sendmsg; whatever the socket did not take goes to the front
+// of the queue for the io thread. Not in a stream of sends (more than two
+// back to back, none received in between): those are left to the io thread,
+// which batches them. While a caller holds the write side the io thread
+// writes nothing (kick_locked and queue_ctrl defer to the caller, who arms the
+// pump when it lets go), and close() waits for it before closing the socket.
+// Such a request completes before send_msg returns (no wake needed).
 //
 // Writes are FIFO: frames leave in the order send_msg/put were called, as one
 // scatter/gather write of headers and user buffers (user data is never copied).
@@ -20,6 +31,8 @@
 
 #include <atomic>
 #include <boost/asio/generic/stream_protocol.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -48,6 +61,12 @@ struct DirectPut {
 // Return values of StreamProvider::direct_put besides 0 and HMC_PROV_ERR_*.
 inline constexpr int kDirectMore = 2;       // progressed; call again
 inline constexpr int kDirectUseStream = 3;  // cannot write directly; send through the socket
+
+// Per-connection state of a transport (shm: its cache of peer mappings). Used
+// and freed on the io thread; close() drops it.
+struct TransportState {
+  virtual ~TransportState() = default;
+};
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -85,11 +104,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void set_peer_pid(int pid) { peer_pid_.store(pid, std::memory_order_relaxed); }
   bool direct_ok() const { return direct_ok_.load(std::memory_order_relaxed); }
   void disable_direct() { direct_ok_.store(false, std::memory_order_relaxed); }
+  // io thread: the transport's state for this connection (nullptr until set).
+  TransportState* transport_state() { return transport_.get(); }
+  void set_transport_state(std::unique_ptr<TransportState> t) { transport_ = std::move(t); }
 
  private:
   struct OutItem {
     FrameHeader hdr{};
     const char* data = nullptr;
+    uint64_t skip = 0;              // bytes of header + payload a caller already wrote
     std::unique_ptr<char[]> owned;  // hello and nak text are copied
     Request* req = nullptr;
     std::unique_ptr<DirectPut> direct;
@@ -124,7 +147,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool closed() const { return closed_; }
   void kick_locked();
-  void deliver(const PostedRecv& r, Message& m);
+  bool send_now(OutItem& item);
+  void deliver(const PostedRecv& r, Message& m);  // completes r; no wake
+  void flush_wake();                              // io thread: wakes the host if due
   void lost(const boost::system::error_code& ec);
   bool protocol_error(const std::string& what);
 
@@ -143,6 +168,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Writer (connection_write.cpp).
   void pump();
+  void pump_turn();
   bool run_direct(size_t& budget);
   void write_batch();
   void write_more();
@@ -151,6 +177,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   StreamProvider& owner_;
   Socket socket_;
+  const int fd_;  // socket_'s descriptor, for caller-thread writes
   std::string peer_;
   std::atomic<int> peer_pid_{0};
   std::atomic<bool> direct_ok_{true};
@@ -162,7 +189,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<OutItem> send_q_;
   std::deque<PostedRecv> posted_;
   std::deque<Message> unexpected_;
-  bool pump_armed_ = false;  // a pump is posted or a write will pump when done
+  // The write side's owner. pump_armed_: the io thread (a pump is posted, a
+  // write or direct put is under way, or a write will pump when done).
+  // caller_writing_: a caller thread in send_now. Never both.
+  bool pump_armed_ = false;
+  bool caller_writing_ = false;
+  bool ctrl_waiting_ = false;   // the io thread queued ack/nak while a caller wrote
+  unsigned caller_streak_ = 0;  // caller writes since a message arrived or a pause
+  std::chrono::steady_clock::time_point last_send_{};
+  bool close_waiting_ = false;  // close() waits on writer_done_ for the caller
+  std::condition_variable writer_done_;
 
   // io thread only.
   bool closed_ = false;
@@ -182,6 +218,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::unique_ptr<OutItem> direct_;  // the direct put being executed
   std::deque<AwaitAck> await_ack_;
   uint64_t next_seq_ = 1;
+  bool wake_due_ = false;  // a request completed this turn: wake the host once
+  std::unique_ptr<TransportState> transport_;
 };
 
 }  // namespace hmc_net

@@ -3,7 +3,8 @@
 //
 // The socket is non-blocking; the loop reads until the kernel has nothing
 // more, then waits for readability. It yields to other connections after a
-// bounded number of reads.
+// bounded number of reads. The completions that one read brings in wake the
+// host once.
 #include <boost/asio/post.hpp>
 #include <cstring>
 
@@ -52,11 +53,15 @@ void Connection::read_loop() {
   } catch (const std::exception& e) {
     close(HMC_PROV_ERR_INTERNAL, std::string("internal error while receiving: ") + e.what());
   }
+  flush_wake();  // what the last step completed
 }
 
 void Connection::read_turn() {
   for (int turn = 0; turn < kReadsPerTurn; ++turn) {
     if (!drain_stage()) return;
+    // Everything one read brought in is handled: wake the host once for it
+    // now, not after the next read (which usually only says "nothing more").
+    flush_wake();
     boost::system::error_code ec;
     const uint64_t left = in_.total - in_.got;
     const bool direct =
@@ -130,6 +135,7 @@ bool Connection::on_header() {
       PostedRecv r{nullptr, 0, nullptr};
       {
         std::lock_guard lock(mu_);
+        caller_streak_ = 0;  // a reply: the next send may be written by its caller
         if (!posted_.empty()) {
           r = posted_.front();
           posted_.pop_front();
@@ -143,7 +149,7 @@ bool Connection::on_header() {
         r.req->fail(HMC_PROV_ERR_TRUNCATED, "message of " + std::to_string(h.length) +
                                                 " bytes does not fit the posted buffer of " +
                                                 std::to_string(r.cap) + " bytes");
-        owner_.host().wake();
+        wake_due_ = true;
         begin_payload(Sink::discard, nullptr, h.length);
       } else {
         in_.recv = r.req;
@@ -178,7 +184,7 @@ bool Connection::on_header() {
         AwaitAck a = await_ack_.front();
         await_ack_.pop_front();
         a.req->complete(a.len);
-        owner_.host().wake();
+        wake_due_ = true;
         return true;
       }
       if (h.length > kMaxNakText) return protocol_error("nak text too long");
@@ -266,7 +272,7 @@ bool Connection::finish_payload() {
     case Sink::recv:
       in_.recv->complete(in_.total);
       in_.recv = nullptr;
-      owner_.host().wake();
+      wake_due_ = true;
       break;
     case Sink::unexpected: {
       PostedRecv r{nullptr, 0, nullptr};
@@ -279,7 +285,10 @@ bool Connection::finish_payload() {
           posted_.pop_front();
         }
       }
-      if (r.req != nullptr) deliver(r, in_.msg);
+      if (r.req != nullptr) {
+        deliver(r, in_.msg);
+        wake_due_ = true;
+      }
       in_.msg = Message{};
       break;
     }
@@ -301,7 +310,7 @@ bool Connection::finish_payload() {
       await_ack_.pop_front();
       int code = in_.hdr.status < 0 ? in_.hdr.status : HMC_PROV_ERR_INTERNAL;
       a.req->fail(code, "put refused by the peer: " + in_.why + " (" + peer_ + ")");
-      owner_.host().wake();
+      wake_due_ = true;
       break;
     }
     case Sink::discard:

@@ -4,6 +4,8 @@
 // caller queued work (kick_locked), after a write completed, after the reader
 // queued an ack/nak. Direct puts at the head of the queue run first, in steps,
 // so a large single-copy put does not stall the other connections for long.
+// The io thread writes only while it owns the write side (pump_armed_); see
+// connection.h for the caller threads' own writes.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -24,6 +26,11 @@ constexpr int kWritesPerTurn = 16;                  // sendmsg calls before yiel
 
 void Connection::pump() {
   if (closed() || writing_) return;
+  pump_turn();
+  flush_wake();
+}
+
+void Connection::pump_turn() {
   try {
     size_t budget = kDirectBudget;
     for (;;) {
@@ -80,7 +87,7 @@ bool Connection::run_direct(size_t& budget) {
   } else {
     req->fail(rc, why);
   }
-  owner_.host().wake();
+  wake_due_ = true;
   return true;
 }
 
@@ -109,8 +116,16 @@ void Connection::write_batch() {
       await_ack_.push_back(AwaitAck{item.req, item.hdr.length, item.hdr.seq});
       item.req = nullptr;
     }
-    bufs_.emplace_back(&item.hdr, sizeof(FrameHeader));
-    if (item.hdr.length > 0) bufs_.emplace_back(item.data, item.hdr.length);
+    // skip: what a caller's own sendmsg already wrote of this frame.
+    uint64_t skip = item.skip;
+    if (skip < sizeof(FrameHeader)) {
+      bufs_.emplace_back(reinterpret_cast<const char*>(&item.hdr) + skip,
+                         sizeof(FrameHeader) - skip);
+      skip = 0;
+    } else {
+      skip -= sizeof(FrameHeader);
+    }
+    if (item.hdr.length > skip) bufs_.emplace_back(item.data + skip, item.hdr.length - skip);
   }
   write_index_ = 0;
   write_offset_ = 0;
@@ -179,16 +194,14 @@ void Connection::on_written(const boost::system::error_code& ec) {
     batch_.clear();  // requests were failed by close()
     return;
   }
-  bool completed = false;
   for (OutItem& item : batch_) {
     if (item.req != nullptr) {
       item.req->complete(item.hdr.length);
-      completed = true;
+      wake_due_ = true;
     }
   }
   batch_.clear();
-  if (completed) owner_.host().wake();
-  pump();
+  pump();  // wakes the host for these too
 }
 
 void Connection::queue_ctrl(FrameHeader h, std::string text) {
@@ -201,6 +214,14 @@ void Connection::queue_ctrl(FrameHeader h, std::string text) {
     item.data = item.owned.get();
   }
   ctrl_q_.push_back(std::move(item));
+  {
+    std::lock_guard lock(mu_);
+    if (caller_writing_) {  // that caller arms the pump when it is done
+      ctrl_waiting_ = true;
+      return;
+    }
+    pump_armed_ = true;
+  }
   pump();
 }
 

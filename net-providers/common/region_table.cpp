@@ -16,7 +16,7 @@ uint64_t random_key() {
 
 }  // namespace
 
-void* RegionTable::add(void* ptr, uint64_t len) {
+void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   uint64_t key = random_key();
   std::lock_guard lock(mu_);
   Slot* s;
@@ -30,10 +30,18 @@ void* RegionTable::add(void* ptr, uint64_t len) {
   s->ptr = static_cast<char*>(ptr);
   s->len = len;
   s->key = key;
-  auto addr = reinterpret_cast<uint64_t>(ptr);
-  s->desc.addr.store(addr, std::memory_order_relaxed);
-  s->desc.len.store(len, std::memory_order_relaxed);
-  s->desc.check.store(desc_check(key, addr, len), std::memory_order_relaxed);
+  s->file = file;
+  const DescWords d{key,         reinterpret_cast<uint64_t>(ptr),
+                    len,         static_cast<uint64_t>(file.fd),
+                    file.offset, file.dev,
+                    file.ino,    0};
+  s->desc.addr.store(d.addr, std::memory_order_relaxed);
+  s->desc.len.store(d.len, std::memory_order_relaxed);
+  s->desc.file_fd.store(d.file_fd, std::memory_order_relaxed);
+  s->desc.file_offset.store(d.file_offset, std::memory_order_relaxed);
+  s->desc.file_dev.store(d.file_dev, std::memory_order_relaxed);
+  s->desc.file_ino.store(d.file_ino, std::memory_order_relaxed);
+  s->desc.check.store(desc_check(d), std::memory_order_relaxed);
   s->desc.key.store(key, std::memory_order_release);
   live_.insert(s);
   return s;
@@ -48,6 +56,7 @@ bool RegionTable::remove(void* handle) {
   s->key = 0;
   s->ptr = nullptr;
   s->len = 0;
+  s->file = RegionFile{};
   free_.push_back(s->id);
   return true;
 }
@@ -56,7 +65,7 @@ bool RegionTable::info(void* handle, RegionInfo& out) {
   std::lock_guard lock(mu_);
   auto* s = static_cast<Slot*>(handle);
   if (!live_.contains(s)) return false;
-  out = RegionInfo{s->id, s->key, s->ptr, s->len, &s->desc};
+  out = RegionInfo{s->id, s->key, s->ptr, s->len, s->file, &s->desc};
   return true;
 }
 

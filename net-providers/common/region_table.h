@@ -1,4 +1,5 @@
-// Registered memory: region id -> {ptr, len, random 64-bit key}.
+// Registered memory: region id -> {ptr, len, random 64-bit key}, and for a
+// region inside a MAP_SHARED file mapping (shm), the file that backs it.
 //
 // Slots live in a deque so their addresses never move: shm peers read a slot's
 // descriptor straight out of this process with process_vm_readv. A slot is
@@ -18,17 +19,47 @@
 
 namespace hmc_net {
 
+// The shared file behind a region: an fd of the owner open on it (peers open
+// /proc/<pid>/fd/<fd>), the file offset of the region's first byte, and the
+// file's identity, which a peer checks after opening. fd < 0: none.
+struct RegionFile {
+  int64_t fd = -1;
+  uint64_t offset = 0;
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  bool operator==(const RegionFile&) const = default;
+};
+
 // Published for single-copy peers; `check` lets a reader detect a torn or
 // garbage read. Deregistration clears `key` first.
 struct RegionDesc {
   std::atomic<uint64_t> key{0};
   std::atomic<uint64_t> addr{0};
   std::atomic<uint64_t> len{0};
+  std::atomic<uint64_t> file_fd{0};  // RegionFile, fd as two's complement
+  std::atomic<uint64_t> file_offset{0};
+  std::atomic<uint64_t> file_dev{0};
+  std::atomic<uint64_t> file_ino{0};
   std::atomic<uint64_t> check{0};
 };
 
-inline uint64_t desc_check(uint64_t key, uint64_t addr, uint64_t len) {
-  return key ^ std::rotl(addr, 17) ^ std::rotl(len, 41) ^ 0x9e3779b97f4a7c15ull;
+// The descriptor as plain words, in RegionDesc's order (what a peer reads).
+struct DescWords {
+  uint64_t key, addr, len, file_fd, file_offset, file_dev, file_ino, check;
+  RegionFile file() const {
+    return RegionFile{static_cast<int64_t>(file_fd), file_offset, file_dev, file_ino};
+  }
+};
+static_assert(sizeof(DescWords) == sizeof(RegionDesc));
+
+inline uint64_t desc_check(const DescWords& d) {
+  uint64_t h = d.key ^ 0x9e3779b97f4a7c15ull;
+  int rot = 17;
+  for (uint64_t w : {d.addr, d.len, d.file_fd, d.file_offset, d.file_dev, d.file_ino}) {
+    h ^= std::rotl(w, rot);
+    rot = (rot + 11) % 64;
+  }
+  return h;
 }
 
 struct RegionInfo {
@@ -36,6 +67,7 @@ struct RegionInfo {
   uint64_t key = 0;
   char* ptr = nullptr;
   uint64_t len = 0;
+  RegionFile file;
   const RegionDesc* desc = nullptr;
 };
 
@@ -45,7 +77,7 @@ class RegionTable {
   RegionTable(const RegionTable&) = delete;
   RegionTable& operator=(const RegionTable&) = delete;
 
-  void* add(void* ptr, uint64_t len);
+  void* add(void* ptr, uint64_t len, const RegionFile& file = {});
   bool remove(void* handle);
   bool info(void* handle, RegionInfo& out);
 
@@ -63,6 +95,7 @@ class RegionTable {
     uint64_t len = 0;
     uint64_t key = 0;
     uint64_t id = 0;
+    RegionFile file;
   };
 
   std::mutex mu_;

@@ -5,6 +5,10 @@
 // owner's pid, the region address and the address of the region's descriptor:
 // the initiator reads the descriptor with process_vm_readv before every
 // single-copy write, so the target's table stays the authority there as well.
+// For a region inside a shared file mapping (a memfd or /dev/shm file) shm
+// adds the owner's fd on that file, the file offset of the region and the
+// file's identity: the initiator maps the file and copies with memcpy, after
+// checking these against the descriptor it read (v2).
 #pragma once
 
 #include <cstddef>
@@ -16,15 +20,20 @@ namespace hmc_net {
 struct Rkey {
   uint32_t magic;  // provider magic: a tcp key is not an shm key
   uint32_t version;
-  uint64_t region;  // region id (slot in the owner's table)
-  uint64_t key;     // random per registration
-  uint64_t length;  // region length, lets the initiator refuse early
-  uint64_t pid;     // shm: owner process (informational; the socket's peer pid is used)
-  uint64_t addr;    // shm: region start in the owner
-  uint64_t desc;    // shm: address of the region descriptor in the owner
+  uint64_t region;       // region id (slot in the owner's table)
+  uint64_t key;          // random per registration
+  uint64_t length;       // region length, lets the initiator refuse early
+  uint64_t pid;          // shm: owner process (informational; the socket's peer pid is used)
+  uint64_t addr;         // shm: region start in the owner
+  uint64_t desc;         // shm: address of the region descriptor in the owner
+  int64_t file_fd;       // shm: the owner's fd on the file behind the region, -1 none
+  uint64_t file_offset;  // shm: file offset of the region's first byte
+  uint64_t file_dev;     // shm: st_dev of that file
+  uint64_t file_ino;     // shm: st_ino of that file
 };
+static_assert(sizeof(Rkey) == 88);
 
-inline constexpr uint32_t kRkeyVersion = 1;
+inline constexpr uint32_t kRkeyVersion = 2;
 
 inline bool unpack_rkey(const void* blob, size_t len, uint32_t magic, Rkey& out) {
   if (blob == nullptr || len != sizeof(Rkey)) return false;

@@ -212,7 +212,7 @@ int StreamProvider::recv_msg(void* conn, void* buf, size_t cap, void** req) {
 int StreamProvider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
   if (mem_kind != HMC_MEM_HOST) return HMC_PROV_ERR_UNSUPPORTED;
   if (mr == nullptr || (ptr == nullptr && bytes > 0)) return HMC_PROV_ERR_INVALID;
-  *mr = regions_.add(ptr, bytes);
+  *mr = regions_.add(ptr, bytes, find_file(ptr, bytes));
   return HMC_PROV_OK;
 }
 
@@ -231,6 +231,7 @@ int StreamProvider::pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rke
   k.region = info.id;
   k.key = info.key;
   k.length = info.len;
+  k.file_fd = -1;
   fill_rkey(k, info);
   std::memcpy(rkey, &k, sizeof(k));
   return HMC_PROV_OK;

@@ -72,7 +72,9 @@ class StreamProvider {
 
  protected:
   virtual uint32_t rkey_magic() const = 0;
-  // Adds transport fields (shm: pid, address, descriptor) to a packed key.
+  // The shared file behind [ptr, ptr+bytes), if the transport uses one (shm).
+  virtual RegionFile find_file(const void* ptr, size_t bytes) { return {}; }
+  // Adds transport fields (shm: pid, address, descriptor, file) to a packed key.
   virtual void fill_rkey(Rkey& rkey, const RegionInfo& region) const {}
   // Whether puts on this connection go through direct_put.
   virtual bool use_direct(const Connection& conn) const { return false; }

@@ -3,10 +3,11 @@
 //
 //   stream: connects and sends kStreamMsg-byte messages until the connection
 //           fails; the parent kills it mid-transfer.
-//   put:    connects, receives a plan {offset, len, rkey, stale rkey}, puts
-//           random data at offset and sends a marker right behind it, tries
-//           the stale key, and reports both results in one message; then
-//           waits for the parent's "bye".
+//   put:    connects, receives a PutPlan (net_child.h), puts random data at
+//           offset and sends a marker right behind it, puts into the other
+//           region, reports; after the parent's "go" tries the other
+//           region's stale key and every one-byte change of the key, reports;
+//           then waits for the parent's "bye".
 #include "net_child.h"
 
 #include <unistd.h>
@@ -43,14 +44,26 @@ int stream_mode(Session& s, void* conn) {
   }
 }
 
-int put_mode(Session& s, void* conn) {
-  std::vector<char> plan(sizeof(PutPlan));
+// The immediate error of a put, else its request's result.
+int put_rc(Session& s, void* conn, const void* src, size_t len, const uint8_t* rkey,
+           size_t rkey_len, uint64_t offset) {
   void* req = nullptr;
-  if (s.p->recv_msg(s.state, conn, plan.data(), plan.size(), &req) < 0) return fail("recv_msg");
-  Outcome o = s.wait(req);
-  if (o.rc != HMC_PROV_OK || o.bytes != sizeof(PutPlan)) return fail("plan", o.message);
-  PutPlan p;
-  std::memcpy(&p, plan.data(), sizeof(p));
+  int rc = s.p->put(s.state, conn, src, len, nullptr, rkey, rkey_len, offset, &req);
+  return rc < 0 ? rc : s.wait(req).rc;
+}
+
+int recv_wait(Session& s, void* conn, void* buf, size_t cap, size_t want) {
+  void* req = nullptr;
+  if (s.p->recv_msg(s.state, conn, buf, cap, &req) < 0) return HMC_PROV_ERR_INTERNAL;
+  Outcome o = s.wait(req, std::chrono::seconds(60));
+  if (o.rc == HMC_PROV_OK && o.bytes != want) return HMC_PROV_ERR_INTERNAL;
+  return o.rc;
+}
+
+int put_mode(Session& s, void* conn) {
+  PutPlan p{};
+  if (int rc = recv_wait(s, conn, &p, sizeof(p), sizeof(p)))
+    return fail("plan", std::to_string(rc));
 
   // The marker goes out right behind the put, without waiting for it: the
   // parent checks the data when the marker arrives (the ordering contract).
@@ -64,18 +77,32 @@ int put_mode(Session& s, void* conn) {
   int marker_rc = s.p->send_msg(s.state, conn, &marker, sizeof(marker), &marker_req);
   if (report.put_rc >= 0) report.put_rc = s.wait(put_req).rc;
   if (marker_rc < 0 || s.wait(marker_req).rc != HMC_PROV_OK) return fail("send marker");
-
-  void* stale_req = nullptr;
-  report.stale_rc = s.p->put(s.state, conn, data.data(), 64, nullptr, p.stale_rkey,
-                             p.stale_rkey_len, 0, &stale_req);
-  if (report.stale_rc >= 0) report.stale_rc = s.wait(stale_req).rc;
+  const std::vector<char> other = random_bytes(kOtherLen, kOtherSalt);
+  report.other_rc = put_rc(s, conn, other.data(), other.size(), p.other_rkey, p.other_rkey_len, 0);
   if (int rc = send_wait(s, conn, &report, sizeof(report)); rc != HMC_PROV_OK) {
     return fail("send report", std::to_string(rc));
   }
+
+  char go[8];
+  if (int rc = recv_wait(s, conn, go, sizeof(go), 3)) return fail("go", std::to_string(rc));
+  StaleReport stale{};
+  stale.stale_rc = put_rc(s, conn, data.data(), 64, p.other_rkey, p.other_rkey_len, 0);
+  for (uint32_t i = 0; i < p.rkey_len; ++i) {
+    uint8_t changed[HMC_NET_RKEY_MAX];
+    std::memcpy(changed, p.rkey, p.rkey_len);
+    changed[i] ^= 0xff;
+    ++stale.changed_tried;
+    if (put_rc(s, conn, data.data(), 64, changed, p.rkey_len, p.region_len - 32) >= 0 &&
+        stale.changed_accepted++ == 0) {
+      stale.first_accepted = i;
+    }
+  }
+  if (int rc = send_wait(s, conn, &stale, sizeof(stale)); rc != HMC_PROV_OK) {
+    return fail("send stale report", std::to_string(rc));
+  }
   char bye[8];
-  if (s.p->recv_msg(s.state, conn, bye, sizeof(bye), &req) < 0) return fail("recv bye");
-  o = s.wait(req, std::chrono::seconds(60));
-  return o.rc == HMC_PROV_OK ? 0 : fail("bye", o.message);
+  if (int rc = recv_wait(s, conn, bye, sizeof(bye), 4)) return fail("bye", std::to_string(rc));
+  return 0;
 }
 
 }  // namespace

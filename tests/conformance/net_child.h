@@ -9,20 +9,36 @@ namespace hmc_conformance {
 
 inline constexpr size_t kStreamMsg = 8 << 20;    // stream mode message size
 inline constexpr uint64_t kPutSalt = 77;         // random data the put child writes
+inline constexpr uint64_t kOtherSalt = 78;       // ... into the other region
+inline constexpr uint64_t kOtherLen = 4096;      // ... at its offset 0
 inline constexpr uint32_t kMarker = 0x4b52414d;  // "MARK", sent right behind the put
 
+// Parent -> put child. Phase 1: `len` bytes at `offset` of the region, the
+// marker right behind, then kOtherLen bytes into the other region (the
+// provider may now cache what it needs for it). Phase 2, after the parent
+// deregistered the other region and registered its memory again: the other
+// region's old key (stale), and for every byte of `rkey` a copy with that byte
+// changed, each put 64 bytes across the end of the region (region_len - 32).
 struct PutPlan {
   uint64_t offset;
   uint64_t len;
+  uint64_t region_len;
   uint32_t rkey_len;
-  uint32_t stale_rkey_len;
+  uint32_t other_rkey_len;
   uint8_t rkey[HMC_NET_RKEY_MAX];
-  uint8_t stale_rkey[HMC_NET_RKEY_MAX];  // a deregistered region: must be refused
+  uint8_t other_rkey[HMC_NET_RKEY_MAX];
 };
 
-struct PutReport {
+struct PutReport {  // phase 1
   int32_t put_rc;
+  int32_t other_rc;
+};
+
+struct StaleReport {  // phase 2
   int32_t stale_rc;
+  uint32_t changed_tried;
+  uint32_t changed_accepted;  // puts with a changed key that did not fail
+  uint32_t first_accepted;    // the byte whose change was accepted first
 };
 
 }  // namespace hmc_conformance

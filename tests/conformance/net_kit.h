@@ -69,7 +69,9 @@ class Session {
   bool has(uint64_t cap) const { return (p->caps & cap) != 0; }
 
   // Polls a request until done, failed or the deadline; the host's wake cuts waits short.
-  Outcome wait(void* req, std::chrono::milliseconds limit = timeout());
+  // With `spins` > 0 it first polls that many times with a yield in between, as
+  // libhmc's Request::wait does, before it sleeps until a wake.
+  Outcome wait(void* req, std::chrono::milliseconds limit = timeout(), int spins = 0);
   // Accepts one connection within the deadline; nullptr on timeout.
   void* accept(void* listener, std::vector<char>* hello);
   // Waits for conn_status to leave "connecting".
@@ -120,6 +122,28 @@ class Child {
 };
 int child_main(int argc, char** argv);  // dispatch for --hmc-net-child
 inline constexpr const char* kChildFlag = "--hmc-net-child";
+
+// Host memory the way HMC_ALLOC_SHAREABLE makes it (device-providers/cpu): a
+// memfd mapped MAP_SHARED whose fd stays open in this process, filled with
+// `fill`. data() is nullptr when memfd_create or mmap failed (see error()).
+class SharedMem {
+ public:
+  SharedMem(size_t len, unsigned char fill);
+  SharedMem(const SharedMem&) = delete;
+  SharedMem& operator=(const SharedMem&) = delete;
+  ~SharedMem();
+  char* data() const { return data_; }
+  size_t size() const { return len_; }
+  int fd() const { return fd_; }
+  void close_fd();  // the mapping stays
+  const std::string& error() const { return error_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t len_ = 0;
+  int fd_ = -1;
+  std::string error_;
+};
 
 // Deterministic test data.
 std::vector<char> random_bytes(size_t n, uint64_t salt);

@@ -1,6 +1,9 @@
-// Messages: sizes, order, both directions, truncation, close_conn.
+// Messages: sizes, order, both directions, truncation, close_conn, several
+// sending threads.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "net_kit.h"
@@ -215,5 +218,148 @@ TEST_CASE("net: close_conn fails pending requests; the peer sees the loss", "[ne
       }
       CHECK(t.p->close_conn(t.state, link.b) == HMC_PROV_OK);
     }
+  });
+}
+
+namespace {
+
+// A message of the multi-thread test: who sent it, its number, then bytes
+// that follow from both.
+struct Tagged {
+  uint32_t thread;
+  uint32_t seq;
+};
+
+std::vector<char> tagged_message(uint32_t thread, uint32_t seq, size_t len) {
+  std::vector<char> m = random_bytes(len, 1000 + thread * 100000ull + seq);
+  const Tagged tag{thread, seq};
+  std::memcpy(m.data(), &tag, sizeof(tag));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("net: messages sent from several threads at once arrive whole, each thread's in order",
+          "[net][msg][threads]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) return;
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    constexpr uint32_t kThreads = 4;
+    constexpr uint32_t kPerThread = 150;
+    constexpr size_t kMaxLen = 96 << 10;  // small ones and ones past any inline limit
+    // Sizes and pauses are drawn here: Catch is not used on the sender threads.
+    std::mt19937_64 rng(seed() + 77);
+    std::vector<std::vector<size_t>> sizes(kThreads);
+    std::vector<std::vector<int>> pauses(kThreads);  // microseconds before each send
+    for (uint32_t th = 0; th < kThreads; ++th) {
+      for (uint32_t i = 0; i < kPerThread; ++i) {
+        sizes[th].push_back(sizeof(Tagged) + rng() % (rng() % 2 ? 256 : kMaxLen));
+        pauses[th].push_back(rng() % 4 == 0 ? static_cast<int>(rng() % 100) : 0);
+      }
+    }
+    std::atomic<int> send_failures{0};
+    std::vector<std::thread> senders;
+    for (uint32_t th = 0; th < kThreads; ++th) {
+      senders.emplace_back([&, th] {
+        std::vector<std::vector<char>> msgs;
+        std::vector<void*> reqs;
+        for (uint32_t i = 0; i < kPerThread; ++i)
+          msgs.push_back(tagged_message(th, i, sizes[th][i]));
+        for (uint32_t i = 0; i < kPerThread; ++i) {
+          if (pauses[th][i] > 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(pauses[th][i]));
+          void* req = nullptr;
+          if (s.p->send_msg(s.state, link.a, msgs[i].data(), msgs[i].size(), &req) < 0) {
+            ++send_failures;
+            continue;
+          }
+          if (i % 3 == 0) {  // sometimes wait at once: the writer is idle more often
+            if (s.wait(req).rc != HMC_PROV_OK) ++send_failures;
+          } else {
+            reqs.push_back(req);
+          }
+        }
+        for (void* req : reqs) {
+          if (s.wait(req).rc != HMC_PROV_OK) ++send_failures;
+        }
+      });
+    }
+    std::vector<uint32_t> next(kThreads, 0);
+    std::vector<char> buf(kMaxLen + 64);
+    for (uint32_t n = 0; n < kThreads * kPerThread; ++n) {
+      void* req = nullptr;
+      REQUIRE(t.p->recv_msg(t.state, link.b, buf.data(), buf.size(), &req) >= 0);
+      Outcome o = t.wait(req);
+      INFO("message " << n << ": " << o.message);
+      REQUIRE(o.rc == HMC_PROV_OK);
+      REQUIRE(o.bytes >= sizeof(Tagged));
+      Tagged tag{};
+      std::memcpy(&tag, buf.data(), sizeof(tag));
+      REQUIRE(tag.thread < kThreads);
+      INFO("thread " << tag.thread << " message " << tag.seq);
+      REQUIRE(tag.seq == next[tag.thread]);
+      REQUIRE(o.bytes == sizes[tag.thread][tag.seq]);
+      const auto want = tagged_message(tag.thread, tag.seq, o.bytes);
+      REQUIRE(first_diff(buf.data(), want.data(), want.size()) == want.size());
+      ++next[tag.thread];
+    }
+    for (auto& th : senders) th.join();
+    CHECK(send_failures == 0);
+  });
+}
+
+TEST_CASE("net: close_conn while other threads send: every request ends, no hang",
+          "[net][close][threads]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) return;
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    constexpr int kThreads = 3;
+    std::atomic<bool> closed{false};
+    std::atomic<int> bad{0};   // a request that timed out or failed with another code
+    std::atomic<int> sent{0};  // requests that completed
+    std::vector<std::thread> senders;
+    for (int th = 0; th < kThreads; ++th) {
+      senders.emplace_back([&, th] {
+        const auto msg = random_bytes(th == 0 ? 100 : (th == 1 ? 4000 : 200000), 50 + th);
+        while (true) {
+          void* req = nullptr;
+          int rc = s.p->send_msg(s.state, link.a, msg.data(), msg.size(), &req);
+          if (rc < 0) {
+            if (!closed.load() && rc != HMC_PROV_ERR_CLOSED) ++bad;
+            return;
+          }
+          Outcome o = s.wait(req);
+          if (o.rc == HMC_PROV_OK) {
+            ++sent;
+          } else {
+            if (o.timed_out || o.rc != HMC_PROV_ERR_CLOSED) ++bad;
+            return;
+          }
+        }
+      });
+    }
+    // The peer drains, so the senders keep going until the close.
+    std::atomic<bool> stop{false};
+    std::thread drain([&] {
+      std::vector<char> buf(200000);
+      while (!stop.load()) {
+        void* req = nullptr;
+        if (t.p->recv_msg(t.state, link.b, buf.data(), buf.size(), &req) < 0) return;
+        if (t.wait(req, std::chrono::milliseconds(2000)).rc != HMC_PROV_OK) return;
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    closed = true;
+    REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);
+    for (auto& th : senders) th.join();
+    stop = true;
+    drain.join();
+    CHECK(bad == 0);
+    CHECK(sent > 0);
+    CHECK(t.p->close_conn(t.state, link.b) == HMC_PROV_OK);
   });
 }

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "net_child.h"
@@ -13,28 +14,75 @@ using namespace hmc_conformance;
 
 namespace {
 
-// A registered, poisoned region of `t` with its packed remote key.
+// Where a region's memory comes from: the heap, or shared memory the way
+// HMC_ALLOC_SHAREABLE makes it (a memfd mapped MAP_SHARED, fd kept open; shm
+// maps it and copies with memcpy), or that with its fd closed after reg_mem
+// and the number taken by another memfd, the decoy (shm must notice that the
+// fd names another file, leave the decoy alone and fall back to its other way).
+enum class Mem { heap, shared, shared_fd_reused };
+
+const char* mem_name(Mem m) {
+  switch (m) {
+    case Mem::heap:
+      return "heap memory";
+    case Mem::shared:
+      return "shared memory (memfd, MAP_SHARED)";
+    case Mem::shared_fd_reused:
+      return "shared memory whose fd now names another file";
+  }
+  return "?";
+}
+
+// A registered, poisoned region of `owner` with its packed remote key, and
+// `guard` poisoned bytes past its end that are not registered.
 struct Region {
   Session* owner = nullptr;
-  std::vector<char> mem;
+  std::vector<char> heap;
+  std::unique_ptr<SharedMem> shared;
+  std::unique_ptr<SharedMem> decoy;  // shared_fd_reused: holds the old fd number
+  char* base = nullptr;
+  size_t len = 0;
+  size_t guard = 0;
   void* mr = nullptr;
   std::vector<uint8_t> rkey;
 
-  Region(Session& s, size_t len) : owner(&s), mem(len, static_cast<char>(kPoison)) {
-    REQUIRE(s.p->reg_mem(s.state, mem.data(), mem.size(), HMC_MEM_HOST, &mr) == HMC_PROV_OK);
+  Region(Session& s, size_t len, Mem kind = Mem::heap, size_t guard = 0)
+      : owner(&s), len(len), guard(guard) {
+    if (kind == Mem::heap) {
+      heap.assign(len + guard, static_cast<char>(kPoison));
+      base = heap.data();
+    } else {
+      shared = std::make_unique<SharedMem>(len + guard, kPoison);
+      INFO(shared->error());
+      REQUIRE(shared->data() != nullptr);
+      base = shared->data();
+    }
+    reg();
+    if (kind == Mem::shared_fd_reused) {
+      shared->close_fd();
+      decoy = std::make_unique<SharedMem>(len + guard, 0);
+      REQUIRE(decoy->data() != nullptr);
+    }
+  }
+  ~Region() { dereg(); }
+  char* data() const { return base; }
+  size_t size() const { return len; }
+  void reg() {
+    REQUIRE(owner->p->reg_mem(owner->state, base, len, HMC_MEM_HOST, &mr) == HMC_PROV_OK);
     REQUIRE(mr != nullptr);
     rkey.resize(HMC_NET_RKEY_MAX);
     size_t len_out = 0;
-    REQUIRE(s.p->pack_rkey(s.state, mr, rkey.data(), rkey.size(), &len_out) == HMC_PROV_OK);
+    REQUIRE(owner->p->pack_rkey(owner->state, mr, rkey.data(), rkey.size(), &len_out) ==
+            HMC_PROV_OK);
     REQUIRE(len_out > 0);
     REQUIRE(len_out <= HMC_NET_RKEY_MAX);
     rkey.resize(len_out);
   }
-  ~Region() { dereg(); }
   void dereg() {
     if (mr != nullptr) CHECK(owner->p->dereg_mem(owner->state, mr) == HMC_PROV_OK);
     mr = nullptr;
   }
+  void poison() { std::memset(base, kPoison, len + guard); }
 };
 
 // Starts a put; the outcome is the immediate error or the request's.
@@ -58,12 +106,19 @@ Outcome put_outcome(Session& s, void* conn, const char* src, size_t len,
   return s.wait(req);
 }
 
-// The region holds `data` at `offset` and poison everywhere else.
+// The region holds `data` at `offset` and poison everywhere else, guard included.
 void check_region(const Region& r, uint64_t offset, const std::vector<char>& data) {
-  CHECK(first_not(r.mem.data(), offset, kPoison) == offset);
-  CHECK(first_diff(r.mem.data() + offset, data.data(), data.size()) == data.size());
+  CHECK(first_not(r.data(), offset, kPoison) == offset);
+  CHECK(first_diff(r.data() + offset, data.data(), data.size()) == data.size());
   const size_t end = offset + data.size();
-  CHECK(first_not(r.mem.data() + end, r.mem.size() - end, kPoison) == r.mem.size() - end);
+  const size_t rest = r.size() + r.guard - end;
+  CHECK(first_not(r.data() + end, rest, kPoison) == rest);
+  if (r.decoy) CHECK(first_not(r.decoy->data(), r.decoy->size(), 0) == r.decoy->size());
+}
+
+bool untouched(const Region& r) {
+  return first_not(r.data(), r.size() + r.guard, kPoison) == r.size() + r.guard &&
+         (!r.decoy || first_not(r.decoy->data(), r.decoy->size(), 0) == r.decoy->size());
 }
 
 bool skip_without_put(Session& s) {
@@ -82,26 +137,29 @@ TEST_CASE("net: a put lands at the offset of the registered region and nowhere e
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
     uint64_t salt = 200;
-    for (bool forward : {true, false}) {
-      Session& from = forward ? s : t;
-      Session& to = forward ? t : s;
-      void* conn = forward ? link.a : link.b;
-      INFO((forward ? "connector -> acceptor" : "acceptor -> connector"));
-      for (auto [region_len, offset, len] :
-           {std::tuple<size_t, uint64_t, size_t>{1 << 20, 4099, 100000},
-            {4096, 0, 4096},
-            {4096, 4095, 1},
-            {4096, 17, 0},
-            {16 << 20, 0, 16 << 20}}) {
-        INFO("put of " << len << " bytes at " << offset << " into " << region_len);
-        Region r(to, region_len);
-        const auto data = random_bytes(len, ++salt);
-        Outcome o = put_outcome(from, conn, data.data(), data.size(), r.rkey, offset);
-        INFO(o.message);
-        REQUIRE_FALSE(o.timed_out);
-        REQUIRE(o.rc == HMC_PROV_OK);
-        CHECK(o.done);
-        check_region(r, offset, data);
+    for (Mem mem : {Mem::heap, Mem::shared}) {
+      INFO(mem_name(mem));
+      for (bool forward : {true, false}) {
+        Session& from = forward ? s : t;
+        Session& to = forward ? t : s;
+        void* conn = forward ? link.a : link.b;
+        INFO((forward ? "connector -> acceptor" : "acceptor -> connector"));
+        for (auto [region_len, offset, len] :
+             {std::tuple<size_t, uint64_t, size_t>{1 << 20, 4099, 100000},
+              {4096, 0, 4096},
+              {4096, 4095, 1},
+              {4096, 17, 0},
+              {16 << 20, 0, 16 << 20}}) {
+          INFO("put of " << len << " bytes at " << offset << " into " << region_len);
+          Region r(to, region_len, mem, 64);
+          const auto data = random_bytes(len, ++salt);
+          Outcome o = put_outcome(from, conn, data.data(), data.size(), r.rkey, offset);
+          INFO(o.message);
+          REQUIRE_FALSE(o.timed_out);
+          REQUIRE(o.rc == HMC_PROV_OK);
+          CHECK(o.done);
+          check_region(r, offset, data);
+        }
       }
     }
   });
@@ -113,42 +171,53 @@ TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
-    Region r(t, 1 << 20);
-    const auto data = random_bytes(1 << 16, 300);
-    const uint64_t len = r.mem.size();
-    auto refused = [&](const std::vector<uint8_t>& rkey, uint64_t offset, size_t n) {
-      Outcome o = put_outcome(s, link.a, data.data(), n, rkey, offset);
-      INFO("put of " << n << " bytes at offset " << offset << ": rc " << o.rc << " " << o.message);
-      CHECK_FALSE(o.timed_out);
-      return o.rc;
-    };
-    CHECK(refused(r.rkey, len - 10, 100) == HMC_PROV_ERR_OUT_OF_BOUNDS);
-    CHECK(refused(r.rkey, len + 1, 1) == HMC_PROV_ERR_OUT_OF_BOUNDS);
-    CHECK(refused(r.rkey, UINT64_MAX - 4, 16) == HMC_PROV_ERR_OUT_OF_BOUNDS);
-    CHECK(refused(r.rkey, 1, len) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+    for (Mem mem : {Mem::heap, Mem::shared}) {
+      INFO(mem_name(mem));
+      Region r(t, 1 << 20, mem, 4096);
+      const auto data = random_bytes(1 << 16, 300);
+      const uint64_t len = r.size();
+      auto refused = [&](const std::vector<uint8_t>& rkey, uint64_t offset, size_t n) {
+        Outcome o = put_outcome(s, link.a, data.data(), n, rkey, offset);
+        INFO("put of " << n << " bytes at offset " << offset << ": rc " << o.rc << " "
+                       << o.message);
+        CHECK_FALSE(o.timed_out);
+        return o.rc;
+      };
+      CHECK(refused(r.rkey, len - 10, 100) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(refused(r.rkey, len + 1, 1) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(refused(r.rkey, UINT64_MAX - 4, 16) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(refused(r.rkey, 1, len) == HMC_PROV_ERR_OUT_OF_BOUNDS);
 
-    // The key of a deregistered region (its memory still mapped here).
-    Region gone(t, 1 << 16);
-    const auto stale = gone.rkey;
-    gone.dereg();
-    CHECK(refused(stale, 0, 64) == HMC_PROV_ERR_OUT_OF_BOUNDS);
-    CHECK(first_not(gone.mem.data(), gone.mem.size(), kPoison) == gone.mem.size());
+      // The key of a deregistered region (its memory still mapped here).
+      Region gone(t, 1 << 16, mem);
+      const auto stale = gone.rkey;
+      gone.dereg();
+      CHECK(refused(stale, 0, 64) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(untouched(gone));
 
-    // Random bytes and a truncated key: refused, as out of bounds or invalid.
-    std::vector<uint8_t> forged(r.rkey.size());
-    fill_random(reinterpret_cast<char*>(forged.data()), forged.size(), 301);
-    int rc = refused(forged, 0, 64);
-    CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
-    std::vector<uint8_t> cut(r.rkey.begin(), r.rkey.end() - 1);
-    rc = refused(cut, 0, 64);
-    CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
+      // Random bytes and a truncated key: refused, as out of bounds or invalid.
+      std::vector<uint8_t> forged(r.rkey.size());
+      fill_random(reinterpret_cast<char*>(forged.data()), forged.size(), 301);
+      int rc = refused(forged, 0, 64);
+      CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
+      std::vector<uint8_t> cut(r.rkey.begin(), r.rkey.end() - 1);
+      rc = refused(cut, 0, 64);
+      CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
+      // Any one byte of the key changed: a put across the end is still refused.
+      for (size_t i = 0; i < r.rkey.size(); ++i) {
+        INFO("key byte " << i << " changed");
+        std::vector<uint8_t> changed = r.rkey;
+        changed[i] ^= 0xff;
+        CHECK(refused(changed, len - 32, 64) < 0);
+      }
 
-    CHECK(first_not(r.mem.data(), r.mem.size(), kPoison) == r.mem.size());
-    // The connection still works after the refusals.
-    const auto small = random_bytes(1000, 302);
-    Outcome o = put_outcome(s, link.a, small.data(), small.size(), r.rkey, 5);
-    REQUIRE(o.rc == HMC_PROV_OK);
-    check_region(r, 5, small);
+      CHECK(untouched(r));
+      // The connection still works after the refusals.
+      const auto small = random_bytes(1000, 302);
+      Outcome o = put_outcome(s, link.a, small.data(), small.size(), r.rkey, 5);
+      REQUIRE(o.rc == HMC_PROV_OK);
+      check_region(r, 5, small);
+    }
   });
 }
 
@@ -158,80 +227,124 @@ TEST_CASE("net: a message sent after a put arrives after the put's data", "[net]
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
-    Region r(t, 4 << 20);
-    for (uint32_t i = 0; i < 20; ++i) {
-      INFO("round " << i);
-      const auto data = random_bytes(r.mem.size() - i, 400 + i);
-      uint32_t got = ~0u;
-      void* rreq = nullptr;
-      REQUIRE(t.p->recv_msg(t.state, link.b, &got, sizeof(got), &rreq) >= 0);
-      int rc = 0;
-      void* preq = start_put(s, link.a, data.data(), data.size(), r.rkey, i, &rc);
-      REQUIRE(preq != nullptr);
-      void* sreq = nullptr;
-      REQUIRE(s.p->send_msg(s.state, link.a, &i, sizeof(i), &sreq) >= 0);
-      Outcome o = t.wait(rreq);  // the put's own request is not looked at before this
-      REQUIRE(o.rc == HMC_PROV_OK);
-      CHECK(got == i);
-      CHECK(first_diff(r.mem.data() + i, data.data(), data.size()) == data.size());
-      CHECK(s.wait(preq).rc == HMC_PROV_OK);
-      CHECK(s.wait(sreq).rc == HMC_PROV_OK);
+    for (Mem mem : {Mem::heap, Mem::shared}) {
+      INFO(mem_name(mem));
+      Region r(t, 4 << 20, mem);
+      for (uint32_t i = 0; i < 20; ++i) {
+        INFO("round " << i);
+        const auto data = random_bytes(r.size() - i, 400 + i);
+        uint32_t got = ~0u;
+        void* rreq = nullptr;
+        REQUIRE(t.p->recv_msg(t.state, link.b, &got, sizeof(got), &rreq) >= 0);
+        int rc = 0;
+        void* preq = start_put(s, link.a, data.data(), data.size(), r.rkey, i, &rc);
+        REQUIRE(preq != nullptr);
+        void* sreq = nullptr;
+        REQUIRE(s.p->send_msg(s.state, link.a, &i, sizeof(i), &sreq) >= 0);
+        Outcome o = t.wait(rreq);  // the put's own request is not looked at before this
+        REQUIRE(o.rc == HMC_PROV_OK);
+        CHECK(got == i);
+        CHECK(first_diff(r.data() + i, data.data(), data.size()) == data.size());
+        CHECK(s.wait(preq).rc == HMC_PROV_OK);
+        CHECK(s.wait(sreq).rc == HMC_PROV_OK);
+      }
     }
   });
 }
 
+namespace {
+
+void send_to_child(Session& s, void* conn, const void* buf, size_t len) {
+  void* req = nullptr;
+  REQUIRE(s.p->send_msg(s.state, conn, buf, len, &req) >= 0);
+  CHECK(s.wait(req).rc == HMC_PROV_OK);
+}
+
+// Receives exactly sizeof(T) from the child.
+template <class T>
+T recv_from_child(Session& s, void* conn) {
+  T out{};
+  void* req = nullptr;
+  REQUIRE(s.p->recv_msg(s.state, conn, &out, sizeof(out), &req) >= 0);
+  Outcome o = s.wait(req);
+  INFO(o.message);
+  REQUIRE(o.rc == HMC_PROV_OK);
+  REQUIRE(o.bytes == sizeof(T));
+  return out;
+}
+
+std::vector<uint8_t> plan_other_rkey(const PutPlan& plan) {
+  return {plan.other_rkey, plan.other_rkey + plan.other_rkey_len};
+}
+
+}  // namespace
+
+// One child per kind of memory: for shm, heap memory is written with
+// process_vm_writev, shared memory through a mapping of the file, and shared
+// memory whose fd names another file falls back to process_vm_writev.
 TEST_CASE("net: a put from another process lands before its next message", "[net][put][process]") {
   for_each_plugin([](Session& s) {
     if (skip_without_put(s) || !s.has(HMC_NET_CAP_MSG)) return;
-    char addr[HMC_NET_ADDR_MAX];
-    size_t addr_len = 0;
-    void* listener = nullptr;
-    REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
-            HMC_PROV_OK);
-    Child child({"put", s.path, std::string(addr, addr_len), std::to_string(seed())});
-    void* conn = s.accept(listener, nullptr);
-    REQUIRE(conn != nullptr);
+    for (Mem mem : {Mem::heap, Mem::shared, Mem::shared_fd_reused}) {
+      INFO(mem_name(mem));
+      char addr[HMC_NET_ADDR_MAX];
+      size_t addr_len = 0;
+      void* listener = nullptr;
+      REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
+              HMC_PROV_OK);
+      Child child({"put", s.path, std::string(addr, addr_len), std::to_string(seed())});
+      void* conn = s.accept(listener, nullptr);
+      REQUIRE(conn != nullptr);
 
-    Region r(s, 16 << 20);
-    Region gone(s, 1 << 16);
-    PutPlan plan{};
-    plan.offset = 12345;
-    plan.len = r.mem.size() - plan.offset - 100;
-    plan.rkey_len = static_cast<uint32_t>(r.rkey.size());
-    std::memcpy(plan.rkey, r.rkey.data(), r.rkey.size());
-    plan.stale_rkey_len = static_cast<uint32_t>(gone.rkey.size());
-    std::memcpy(plan.stale_rkey, gone.rkey.data(), gone.rkey.size());
-    gone.dereg();
+      Region r(s, 16 << 20, mem, 4096);
+      Region other(s, 4 * kOtherLen, mem, 64);
+      PutPlan plan{};
+      plan.offset = 12345;
+      plan.len = r.size() - plan.offset - 100;
+      plan.region_len = r.size();
+      plan.rkey_len = static_cast<uint32_t>(r.rkey.size());
+      std::memcpy(plan.rkey, r.rkey.data(), r.rkey.size());
+      plan.other_rkey_len = static_cast<uint32_t>(other.rkey.size());
+      std::memcpy(plan.other_rkey, other.rkey.data(), other.rkey.size());
 
-    uint32_t marker = 0;
-    void* mreq = nullptr;
-    REQUIRE(s.p->recv_msg(s.state, conn, &marker, sizeof(marker), &mreq) >= 0);
-    void* sreq = nullptr;
-    REQUIRE(s.p->send_msg(s.state, conn, &plan, sizeof(plan), &sreq) >= 0);
-    CHECK(s.wait(sreq).rc == HMC_PROV_OK);
-    Outcome o = s.wait(mreq);
-    INFO(o.message);
-    REQUIRE(o.rc == HMC_PROV_OK);
-    REQUIRE(marker == kMarker);
-    // Checked when the marker arrived: the data is already there.
-    check_region(r, plan.offset, random_bytes(plan.len, kPutSalt));
+      uint32_t marker = 0;
+      void* mreq = nullptr;
+      REQUIRE(s.p->recv_msg(s.state, conn, &marker, sizeof(marker), &mreq) >= 0);
+      send_to_child(s, conn, &plan, sizeof(plan));
+      Outcome o = s.wait(mreq);
+      INFO(o.message);
+      REQUIRE(o.rc == HMC_PROV_OK);
+      REQUIRE(marker == kMarker);
+      // Checked when the marker arrived: the data is already there.
+      const auto data = random_bytes(plan.len, kPutSalt);
+      check_region(r, plan.offset, data);
 
-    PutReport report{};
-    void* rreq = nullptr;
-    REQUIRE(s.p->recv_msg(s.state, conn, &report, sizeof(report), &rreq) >= 0);
-    o = s.wait(rreq);
-    REQUIRE(o.rc == HMC_PROV_OK);
-    CHECK(report.put_rc == HMC_PROV_OK);
-    CHECK(report.stale_rc == HMC_PROV_ERR_OUT_OF_BOUNDS);
-    CHECK(first_not(gone.mem.data(), gone.mem.size(), kPoison) == gone.mem.size());
+      auto report = recv_from_child<PutReport>(s, conn);
+      CHECK(report.put_rc == HMC_PROV_OK);
+      CHECK(report.other_rc == HMC_PROV_OK);
+      check_region(other, 0, random_bytes(kOtherLen, kOtherSalt));
 
-    void* breq = nullptr;
-    REQUIRE(s.p->send_msg(s.state, conn, "bye", 4, &breq) >= 0);
-    CHECK(s.wait(breq).rc == HMC_PROV_OK);
-    int status = child.wait_exit(timeout());
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-    CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
-    CHECK(s.p->close_listener(s.state, listener) == HMC_PROV_OK);
+      // The same memory registered anew: the child's key for it is stale now,
+      // whatever the provider kept from using it.
+      other.dereg();
+      other.poison();
+      other.reg();
+      REQUIRE(other.rkey != plan_other_rkey(plan));
+      send_to_child(s, conn, "go", 3);
+      auto stale = recv_from_child<StaleReport>(s, conn);
+      CHECK(stale.stale_rc == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(stale.changed_tried == r.rkey.size());
+      INFO("first accepted change: key byte " << stale.first_accepted);
+      CHECK(stale.changed_accepted == 0);
+      CHECK(untouched(other));
+      check_region(r, plan.offset, data);
+
+      send_to_child(s, conn, "bye", 4);
+      int status = child.wait_exit(timeout());
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
+      CHECK(s.p->close_listener(s.state, listener) == HMC_PROV_OK);
+    }
   });
 }

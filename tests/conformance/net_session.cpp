@@ -3,11 +3,15 @@
 // hmc-conformance-net-bw.
 #include <dlfcn.h>
 #include <glob.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "net_kit.h"
 
@@ -146,10 +150,10 @@ void Session::nap(std::chrono::milliseconds limit) {
   host_.cv.wait_for(lock, limit, [&] { return host_.wakes != seen; });
 }
 
-Outcome Session::wait(void* req, std::chrono::milliseconds limit) {
+Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
   Outcome out;
   const auto deadline = Clock::now() + limit;
-  for (;;) {
+  for (int round = 0;; ++round) {
     uint64_t seen;
     {
       std::lock_guard lock(host_.mu);
@@ -168,6 +172,10 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit) {
       return out;
     }
     p->progress(state);
+    if (round < spins) {
+      std::this_thread::yield();
+      continue;
+    }
     std::unique_lock lock(host_.mu);
     host_.cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return host_.wakes != seen; });
   }
@@ -200,6 +208,36 @@ int Session::wait_connected(void* conn) {
     rc = p->conn_status(state, conn);
   }
   return rc;
+}
+
+SharedMem::SharedMem(size_t len, unsigned char fill) : len_(len) {
+  fd_ = memfd_create("hmc-conformance", MFD_CLOEXEC);
+  if (fd_ < 0) {
+    error_ = std::string("memfd_create: ") + std::strerror(errno);
+    return;
+  }
+  const size_t map_len = len > 0 ? len : 1;
+  if (ftruncate(fd_, static_cast<off_t>(map_len)) != 0) {
+    error_ = std::string("ftruncate: ") + std::strerror(errno);
+    return;
+  }
+  void* p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    error_ = std::string("mmap: ") + std::strerror(errno);
+    return;
+  }
+  data_ = static_cast<char*>(p);
+  std::memset(data_, fill, map_len);
+}
+
+SharedMem::~SharedMem() {
+  if (data_ != nullptr) munmap(data_, len_ > 0 ? len_ : 1);
+  close_fd();
+}
+
+void SharedMem::close_fd() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 void fill_random(char* p, size_t n, uint64_t salt) {
