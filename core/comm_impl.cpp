@@ -212,7 +212,10 @@ void CommImpl::fail_all(const Status& why) {
   for (auto& p : peers_) {
     for (auto& r : p.posted) r.op->fail(why);
     for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
-    for (auto& [id, r] : p.rndv_recvs) r.op->fail(why);
+    for (auto& [id, r] : p.rndv_recvs) {
+      release_recv(p, r);
+      r.op->fail(why);
+    }
     p.posted.clear();
     p.rndv_sends.clear();
     p.rndv_recvs.clear();
@@ -229,6 +232,8 @@ void CommImpl::close_connections() {
     while (pending() && Clock::now() < until) progress_peer(p);
     p.conn = nullptr;
   }
+  flush_reg_cache(true);
+  reg_cache_.clear();
   for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
   listeners_.clear();
 }

@@ -64,8 +64,19 @@ class CommImpl : public Progressable {
     std::size_t bytes;
     uint64_t tag;
     uint64_t id;
-    void* mr = nullptr;
+    void* mr = nullptr;      // a registration of this receive alone
+    std::size_t cached = 0;  // 1 + index into reg_cache_, or 0
   };
+  struct RegCacheEntry {
+    LoadedProvider* net;
+    void* ptr;
+    std::size_t len;
+    void* mr;
+    std::vector<uint8_t> rkey;
+    int in_use;
+    bool stale;
+  };
+  static constexpr std::size_t kRegCacheMax = 64;
   struct Unexpected {
     MsgType type;
     uint64_t tag;
@@ -113,6 +124,9 @@ class CommImpl : public Progressable {
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size);
+  Status register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey);
+  void release_recv(Peer& p, RecvOp& r);
+  void flush_reg_cache(bool all);
   void on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
   void mark_lost(Peer& p, Status why);
   bool progress_peer(Peer& p);
@@ -134,6 +148,8 @@ class CommImpl : public Progressable {
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
   uint64_t next_id_ = 1;
   bool registered_ = false;
+  std::vector<RegCacheEntry> reg_cache_;
+  uint64_t reg_cache_gen_ = 0;
 };
 
 }  // namespace hmc::core

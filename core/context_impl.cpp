@@ -138,6 +138,7 @@ void ContextImpl::free(const DeviceId& device, void* ptr) {
     if (it == allocations_.end()) return;
     p = it->second.provider;
     allocations_.erase(it);
+    free_generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (p->dev->mem_free(p->state, device.index, ptr) != 0)
     HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*p));
@@ -152,6 +153,15 @@ LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
     if (addr < it->first + it->second.bytes) return it->second.provider;
   }
   return registry_->device("cpu");
+}
+
+bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto it = allocations_.upper_bound(addr);
+  if (it == allocations_.begin()) return false;
+  --it;
+  return addr >= it->first && addr + bytes <= it->first + it->second.bytes;
 }
 
 DeviceId ContextImpl::device_of(const void* ptr) const {

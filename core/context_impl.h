@@ -1,6 +1,7 @@
 // ContextImpl: the engine behind hmc::Context — config, providers, memory, progress.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,10 @@ class ContextImpl {
   void free(const DeviceId& device, void* ptr);
   Status copy(void* dst, const void* src, std::size_t bytes);
   DeviceId device_of(const void* ptr) const;
+  // Whether [ptr, ptr+bytes) lies inside one allocation made here.
+  bool owns(const void* ptr, std::size_t bytes) const;
+  // Grows with every free: caches keyed by address flush when it changes.
+  uint64_t free_generation() const { return free_generation_.load(std::memory_order_acquire); }
   // The device provider that owns `ptr` (cpu for plain host memory).
   LoadedProvider* provider_of(const void* ptr) const;
 
@@ -60,6 +65,7 @@ class ContextImpl {
   std::string host_id_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
+  std::atomic<uint64_t> free_generation_{0};
   std::vector<std::unique_ptr<BootstrapRoot>> roots_;
 };
 

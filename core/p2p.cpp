@@ -1,6 +1,7 @@
 // CommImpl point-to-point engine: tag matching, eager and rendezvous, puts, progress.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/comm_impl.h"
@@ -132,18 +133,83 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     r.op->fail(std::move(why));
   };
   if (size != r.bytes) return refuse({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
-  if (int rc = p.net->net->reg_mem(p.net->state, r.buf, size, HMC_MEM_HOST, &r.mr); rc != 0)
-    return refuse(from_provider(rc, nullptr, "registering the receive buffer with " + p.net->name));
-  std::vector<uint8_t> rkey(HMC_NET_RKEY_MAX);
-  std::size_t len = 0;
-  if (int rc = p.net->net->pack_rkey(p.net->state, r.mr, rkey.data(), rkey.size(), &len); rc != 0) {
-    p.net->net->dereg_mem(p.net->state, r.mr);
-    return refuse(from_provider(rc, nullptr, "packing a remote key with " + p.net->name));
-  }
+  std::vector<uint8_t> rkey;
+  if (Status s = register_recv(p, r, size, rkey); !s.ok()) return refuse(std::move(s));
+  std::size_t len = rkey.size();
   uint64_t id = r.id;
   auto op = r.op;
   p.rndv_recvs[id] = std::move(r);
   post_msg(p, MsgType::kCts, 0, sender_id, size, id, rkey.data(), len, [op](const Status& s) { if (!s.ok()) op->fail(s); });
+}
+
+// Receive buffers inside HMC allocations keep their registration between messages: a
+// provider may do real work per registration (shm maps shared memory on the peer). Any
+// free in the context flushes the idle entries, so a cached key never outlives its memory.
+Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey) {
+  const bool cacheable = ctx_.owns(r.buf, size);
+  if (std::all_of(reg_cache_.begin(), reg_cache_.end(), [](const RegCacheEntry& e) { return e.stale && !e.in_use; }))
+    reg_cache_.clear();
+  if (cacheable) {
+    if (uint64_t gen = ctx_.free_generation(); gen != reg_cache_gen_) {
+      flush_reg_cache(false);
+      reg_cache_gen_ = gen;
+    }
+    for (auto& e : reg_cache_) {
+      if (e.net == p.net && e.ptr == r.buf && e.len == size && !e.stale) {
+        ++e.in_use;
+        r.cached = &e - reg_cache_.data() + 1;
+        rkey = e.rkey;
+        return {};
+      }
+    }
+  }
+  void* mr = nullptr;
+  if (int rc = p.net->net->reg_mem(p.net->state, r.buf, size, HMC_MEM_HOST, &mr); rc != 0)
+    return from_provider(rc, nullptr, "registering the receive buffer with " + p.net->name);
+  rkey.resize(HMC_NET_RKEY_MAX);
+  std::size_t len = 0;
+  if (int rc = p.net->net->pack_rkey(p.net->state, mr, rkey.data(), rkey.size(), &len); rc != 0) {
+    p.net->net->dereg_mem(p.net->state, mr);
+    return from_provider(rc, nullptr, "packing a remote key with " + p.net->name);
+  }
+  rkey.resize(len);
+  if (cacheable && reg_cache_.size() < kRegCacheMax) {
+    reg_cache_.push_back({p.net, r.buf, size, mr, rkey, 1, false});
+    r.cached = reg_cache_.size();
+  } else {
+    r.mr = mr;
+  }
+  return {};
+}
+
+void CommImpl::release_recv(Peer& p, RecvOp& r) {
+  if (r.mr) p.net->net->dereg_mem(p.net->state, r.mr);
+  r.mr = nullptr;
+  if (r.cached) {
+    RegCacheEntry& e = reg_cache_[r.cached - 1];
+    --e.in_use;
+    r.cached = 0;
+    if (e.stale && e.in_use == 0 && e.mr) {
+      e.net->net->dereg_mem(e.net->state, e.mr);
+      e.mr = nullptr;
+    }
+  }
+}
+
+void CommImpl::flush_reg_cache(bool all) {
+  // Entries in use stay (as stale) until their receive ends: indexes must stay valid.
+  bool any_in_use = false;
+  for (auto& e : reg_cache_) {
+    if (e.in_use && !all) {
+      e.stale = true;
+      any_in_use = true;
+      continue;
+    }
+    if (e.mr) e.net->net->dereg_mem(e.net->state, e.mr);
+    e.mr = nullptr;
+    e.stale = true;
+  }
+  if (!any_in_use) reg_cache_.clear();
 }
 
 void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len) {
@@ -191,7 +257,7 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kFin: {
       auto it = p.rndv_recvs.find(h.id);
       if (it == p.rndv_recvs.end()) return;
-      p.net->net->dereg_mem(p.net->state, it->second.mr);
+      release_recv(p, it->second);
       it->second.op->complete(h.size);
       p.rndv_recvs.erase(it);
       return;
@@ -221,7 +287,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   for (auto& r : p.posted) r.op->fail(why);
   for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
   for (auto& [id, r] : p.rndv_recvs) {
-    p.net->net->dereg_mem(p.net->state, r.mr);
+    release_recv(p, r);
     r.op->fail(why);
   }
   p.posted.clear();

@@ -123,3 +123,33 @@ TEST_CASE("put writes into a peer's region and notifies it", "[put]") {
     }
   }
 }
+
+TEST_CASE("receives into HMC memory reuse registrations, and a free flushes them", "[p2p][regcache]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        const std::size_t n = 1u << 20;
+        uint64_t seed = 77;
+        for (int round = 0; round < 3; ++round) {
+          // A fresh allocation each round: after a free the same address may come back,
+          // possibly backed by different memory; the cached registration must not survive.
+          auto mem = e.ctx.alloc({"cpu", 0}, n, round == 1 ? AllocKind::kDefault : AllocKind::kShareable);
+          HMC_EXPECT(mem.ok(), mem.status().to_string());
+          for (int k = 0; k < 3; ++k, ++seed) {
+            auto want = test::random_bytes(n, seed);
+            if (e.rank == 0) {
+              HMC_EXPECT_OK(e.comm.send(want.data(), n, 1, 3));
+            } else {
+              std::memset(mem->data(), 0xAB, n);
+              HMC_EXPECT_OK(e.comm.recv(mem->data(), n, 0, 3));
+              HMC_EXPECT(std::memcmp(mem->data(), want.data(), n) == 0, "round " + std::to_string(round));
+            }
+          }
+        }
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
