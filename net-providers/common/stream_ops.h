@@ -71,4 +71,36 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   }
 }
 
+// The whole ABI table of a stream transport: only its name, capabilities, parameters,
+// init type and cost-model props differ between tcp and shm.
+template <class P>
+constexpr hmc_net_provider_t stream_table(const char* name, uint64_t caps, const hmc_param_t* params,
+                                          size_t num_params, int (*props)(void*, hmc_net_props_t*)) {
+  return {
+      .struct_size = sizeof(hmc_net_provider_t),
+      .abi_version = HMC_NET_ABI_VERSION,
+      .name = name,
+      .caps = caps,
+      .params = params,
+      .num_params = num_params,
+      .init = init<P>,
+      .fini = ops::fini,
+      .props = props,
+      .listen = ops::listen,
+      .close_listener = ops::close_listener,
+      .connect = ops::connect,
+      .conn_status = ops::conn_status,
+      .accept = ops::accept,
+      .close_conn = ops::close_conn,
+      .send_msg = ops::send_msg,
+      .recv_msg = ops::recv_msg,
+      .reg_mem = ops::reg_mem,
+      .dereg_mem = ops::dereg_mem,
+      .pack_rkey = ops::pack_rkey,
+      .put = ops::put,
+      .test = ops::test,
+      .progress = ops::progress,
+  };
+}
+
 }  // namespace hmc_net

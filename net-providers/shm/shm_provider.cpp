@@ -306,32 +306,11 @@ int props(void* state, hmc_net_props_t* props) {
   return hmc_net::ops::fill_props(state, props, kLatencyUs, kBandwidthGBps);
 }
 
-constexpr hmc_net_provider_t kTable = {
-    .struct_size = sizeof(hmc_net_provider_t),
-    .abi_version = HMC_NET_ABI_VERSION,
-    .name = "shm",
-    .caps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST |
-            HMC_NET_CAP_SINGLE_COPY,
-    .params = kParams,
-    .num_params = std::size(kParams),
-    .init = hmc_net::init<ShmProvider>,
-    .fini = hmc_net::ops::fini,
-    .props = props,
-    .listen = hmc_net::ops::listen,
-    .close_listener = hmc_net::ops::close_listener,
-    .connect = hmc_net::ops::connect,
-    .conn_status = hmc_net::ops::conn_status,
-    .accept = hmc_net::ops::accept,
-    .close_conn = hmc_net::ops::close_conn,
-    .send_msg = hmc_net::ops::send_msg,
-    .recv_msg = hmc_net::ops::recv_msg,
-    .reg_mem = hmc_net::ops::reg_mem,
-    .dereg_mem = hmc_net::ops::dereg_mem,
-    .pack_rkey = hmc_net::ops::pack_rkey,
-    .put = hmc_net::ops::put,
-    .test = hmc_net::ops::test,
-    .progress = hmc_net::ops::progress,
-};
+constexpr hmc_net_provider_t kTable = hmc_net::stream_table<ShmProvider>(
+    "shm",
+    HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST |
+        HMC_NET_CAP_SINGLE_COPY,
+    kParams, std::size(kParams), props);
 
 }  // namespace
 }  // namespace hmc_shm
