@@ -144,35 +144,29 @@ void ContextImpl::free(const DeviceId& device, void* ptr) {
     HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*p));
 }
 
-LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
+const ContextImpl::Allocation* ContextImpl::find_allocation(const void* ptr, std::size_t bytes) const {
   auto addr = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard lock(mu_);
   auto it = allocations_.upper_bound(addr);
-  if (it != allocations_.begin()) {
-    --it;
-    if (addr < it->first + it->second.bytes) return it->second.provider;
-  }
-  return registry_->device("cpu");
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  return addr + bytes <= it->first + it->second.bytes ? &it->second : nullptr;
+}
+
+LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
+  std::lock_guard lock(mu_);
+  const Allocation* a = find_allocation(ptr, 1);
+  return a ? a->provider : registry_->device("cpu");
 }
 
 bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
-  auto addr = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(mu_);
-  auto it = allocations_.upper_bound(addr);
-  if (it == allocations_.begin()) return false;
-  --it;
-  return addr >= it->first && addr + bytes <= it->first + it->second.bytes;
+  return find_allocation(ptr, bytes) != nullptr;
 }
 
 DeviceId ContextImpl::device_of(const void* ptr) const {
-  auto addr = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(mu_);
-  auto it = allocations_.upper_bound(addr);
-  if (it != allocations_.begin()) {
-    --it;
-    if (addr < it->first + it->second.bytes) return {it->second.provider->name, it->second.device};
-  }
-  return {"cpu", 0};
+  const Allocation* a = find_allocation(ptr, 1);
+  return a ? DeviceId{a->provider->name, a->device} : DeviceId{"cpu", 0};
 }
 
 Status ContextImpl::copy(void* dst, const void* src, std::size_t bytes) {

@@ -58,6 +58,8 @@ class ContextImpl {
     LoadedProvider* provider;
     int device;
   };
+  // The allocation holding [ptr, ptr+bytes), or null. Caller holds mu_.
+  const Allocation* find_allocation(const void* ptr, std::size_t bytes) const;
   Config config_;
   std::shared_ptr<ProgressEngine> engine_ = std::make_shared<ProgressEngine>();
   std::unique_ptr<PluginRegistry> registry_;

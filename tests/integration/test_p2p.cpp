@@ -36,13 +36,14 @@ int ping_pong(RankEnv& e, std::size_t bytes, uint64_t seed) {
 TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
   for (const auto& provider : test::available_net_providers()) {
     DYNAMIC_SECTION(provider) {
-      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+      auto exits = test::run_ranks(2, over(provider), [&provider](RankEnv& e) {
+        const PathInfo& path = e.comm.path(1 - e.rank);
+        HMC_EXPECT(path.provider == provider, "path is " + path.provider + ", expected " + provider);
+        HMC_EXPECT(!path.reason.empty() && !path.candidates.empty(), "path has no reason or candidates");
         const std::size_t sizes[] = {0, 1, 4095, 64 << 10, (64 << 10) + 1, 1 << 20, 16 << 20, 256u << 20};
         uint64_t seed = 1;
         for (std::size_t n : sizes)
           if (int rc = ping_pong(e, n, seed++)) return rc;
-        HMC_EXPECT(e.comm.path(1 - e.rank).provider == e.comm.path(1 - e.rank).candidates.front().provider ||
-                       !e.comm.path(1 - e.rank).reason.empty(), "path has no reason");
         return 0;
       });
       INFO(test::describe(exits));

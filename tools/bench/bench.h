@@ -115,7 +115,4 @@ class Report : public SweepHooks {
   bool progress_ = false, progress_tty_ = false, progress_shown_ = false;
 };
 
-// Spawns `n` copies of this program as ranks and reaps them by the deadline.
-int run_local(int n, const std::vector<std::string>& args, int timeout_s);
-
 }  // namespace hmc::bench

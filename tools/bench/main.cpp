@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "cli.h"
+#include "local_ranks.h"
 
 using namespace hmc;
 using namespace hmc::bench;
@@ -87,6 +88,6 @@ int run_rank(const Options& opt) {
 int main(int argc, char** argv) {
   Cli cli;
   if (int rc = parse_cli(argc, argv, cli); rc >= 0) return rc;
-  if (cli.local > 0) return run_local(cli.local, worker_args(cli.opt), cli.timeout_s);
+  if (cli.local > 0) return hmc::tools::run_local_ranks("hmc-bench", cli.local, worker_args(cli.opt), cli.timeout_s);
   return run_rank(cli.opt);
 }

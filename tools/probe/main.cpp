@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/config.h"
+#include "local_ranks.h"
 #include "probe.h"
 
 using namespace hmc;
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {"--rank-worker", "-b", std::to_string(opt.bytes), "-n", std::to_string(opt.iters),
                                      "--lat-iters", std::to_string(opt.lat_iters)};
     if (json) args.push_back("--json");
-    return probe::run_local(local, args, timeout_s);
+    return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }
   auto ctx = Context::create();
   if (!ctx) {

@@ -31,9 +31,6 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& comm, c
 double memcpy_gbps(std::size_t bytes, int iters);
 double tcp_stream_gbps(std::size_t bytes, int iters);
 
-// Spawns `n` copies of this program as ranks (--rank-worker) and waits for them.
-int run_local(int n, const std::vector<std::string>& worker_args, int timeout_s);
-
 nlohmann::json providers_json(const Context& ctx);
 void print_overview(const Context& ctx);
 void print_config(const Context& ctx);

@@ -13,11 +13,13 @@
 #include <string_view>
 #include <thread>
 
-#include "bench.h"
+#include "local_ranks.h"
+
+#include "hmc/hmc.h"
 
 extern char** environ;
 
-namespace hmc::bench {
+namespace hmc::tools {
 namespace {
 
 constexpr auto kGraceAfterFailure = std::chrono::seconds(10);
@@ -46,7 +48,7 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 std::string self_path() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, n) : "hmc-bench";
+  return n > 0 ? std::string(buf, n) : "hmc-rank";
 }
 
 void kill_all(std::vector<pid_t>& pids) {
@@ -58,11 +60,11 @@ void kill_all(std::vector<pid_t>& pids) {
 
 }  // namespace
 
-int run_local(int n, const std::vector<std::string>& args, int timeout_s) {
+int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s) {
   auto ctx = Context::create();
-  if (!ctx) return std::fprintf(stderr, "hmc-bench: %s\n", ctx.status().to_string().c_str()), 1;
+  if (!ctx) return std::fprintf(stderr, "%s: %s\n", tool, ctx.status().to_string().c_str()), 1;
   auto id = ctx->create_unique_id();
-  if (!id) return std::fprintf(stderr, "hmc-bench: %s\n", id.status().to_string().c_str()), 1;
+  if (!id) return std::fprintf(stderr, "%s: %s\n", tool, id.status().to_string().c_str()), 1;
 
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
@@ -73,7 +75,7 @@ int run_local(int n, const std::vector<std::string>& args, int timeout_s) {
     auto argv = pointers(argv_store);
     pid_t pid = 0;
     if (int err = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()); err != 0) {
-      std::fprintf(stderr, "hmc-bench: cannot start rank %d: %s\n", r, std::strerror(err));
+      std::fprintf(stderr, "%s: cannot start rank %d: %s\n", tool, r, std::strerror(err));
       kill_all(pids);
       return 1;
     }
@@ -97,7 +99,7 @@ int run_local(int n, const std::vector<std::string>& args, int timeout_s) {
     }
     if (left == 0) break;
     if (Clock::now() > deadline) {
-      std::fprintf(stderr, "hmc-bench: %d rank(s) still running %s; killing them\n", left,
+      std::fprintf(stderr, "%s: %d rank(s) still running %s; killing them\n", tool, left,
                    worst ? "after another rank failed" : ("after " + std::to_string(timeout_s) + " s").c_str());
       kill_all(pids);
       return worst ? worst : 124;
@@ -107,4 +109,4 @@ int run_local(int n, const std::vector<std::string>& args, int timeout_s) {
   return worst;
 }
 
-}  // namespace hmc::bench
+}  // namespace hmc::tools

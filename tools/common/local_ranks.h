@@ -1,0 +1,14 @@
+// --local N for HMC's tools: this process hosts the bootstrap root and runs N copies of
+// itself (with `args`) as ranks, HMC_ROOT=<unique id>, HMC_RANK, HMC_WORLD_SIZE, then reaps
+// them. A failed rank leaves the others 10 s; nothing outlives timeout_s.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hmc::tools {
+
+// Returns the first failing rank's exit code, 124 on timeout, 0 when all succeeded.
+int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s);
+
+}  // namespace hmc::tools
