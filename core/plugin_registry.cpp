@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -75,6 +76,12 @@ std::string check_device_table(const hmc_device_provider_t* t) {
                    need(HMC_DEV_CAP_DMABUF, t->dmabuf_export, "dmabuf"),
                    need(HMC_DEV_CAP_PEER_ACCESS, t->peer_access, "peer_access")})
     if (!msg.empty()) return msg;
+  // Appended functions: only read when the table is long enough to hold them.
+  if (t->caps & HMC_DEV_CAP_STREAM_FLAGS) {
+    if (t->struct_size < sizeof(hmc_device_provider_t))
+      return "capability stream_flags set but the table is too short to hold its functions";
+    if (!t->flag_alloc || !t->flag_free || !t->stream_wait_flag) return "capability stream_flags set but its functions are NULL";
+  }
   return {};
 }
 
@@ -96,7 +103,8 @@ std::vector<std::string> device_cap_names(uint64_t caps) {
       {HMC_DEV_CAP_DEVICE_MEM, "device_mem"}, {HMC_DEV_CAP_PINNED_HOST, "pinned_host"},
       {HMC_DEV_CAP_SHAREABLE, "shareable"},   {HMC_DEV_CAP_STREAMS, "streams"},
       {HMC_DEV_CAP_REDUCE, "reduce"},         {HMC_DEV_CAP_IPC, "ipc"},
-      {HMC_DEV_CAP_DMABUF, "dmabuf"},         {HMC_DEV_CAP_PEER_ACCESS, "peer_access"}};
+      {HMC_DEV_CAP_DMABUF, "dmabuf"},         {HMC_DEV_CAP_PEER_ACCESS, "peer_access"},
+      {HMC_DEV_CAP_STREAM_FLAGS, "stream_flags"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);
@@ -215,7 +223,8 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
   struct Head { size_t struct_size; uint32_t abi_version; const char* name; uint64_t caps; };
   const auto* head = static_cast<const Head*>(table);
   uint32_t want_abi = c.kind == "device" ? HMC_DEVICE_ABI_VERSION : HMC_NET_ABI_VERSION;
-  size_t want_size = c.kind == "device" ? sizeof(hmc_device_provider_t) : sizeof(hmc_net_provider_t);
+  // Device tables from before the appended stream-flag functions still load.
+  size_t want_size = c.kind == "device" ? offsetof(hmc_device_provider_t, flag_alloc) : sizeof(hmc_net_provider_t);
   info.abi_version = head->abi_version;
   info.caps = head->caps;
   if (head->abi_version != want_abi)

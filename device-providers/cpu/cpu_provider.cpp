@@ -302,6 +302,9 @@ constexpr hmc_device_provider_t kProvider = {
     .ipc_close = ipc_close,
     .dmabuf_export = nullptr,
     .peer_access = nullptr,
+    .flag_alloc = nullptr,
+    .flag_free = nullptr,
+    .stream_wait_flag = nullptr,
 };
 
 }  // namespace

@@ -12,7 +12,13 @@
  * `last_error` then describes the failure of the calling thread.
  *
  * Pointers are the vendor's own (unified virtual addresses where the runtime
- * has them). A `stream` of NULL means "synchronous, on the calling thread".
+ * has them). A `stream` of NULL means "synchronous, on the calling thread"; a
+ * non-NULL stream may be one the application created with the vendor runtime
+ * (a cudaStream_t, say), not only one from stream_create.
+ *
+ * Functions appended after the first release sit at the end of the table; the
+ * loader reads one only when struct_size covers it and its capability bit is
+ * set, so older providers keep loading.
  */
 #ifndef HMC_PROVIDER_DEVICE_H
 #define HMC_PROVIDER_DEVICE_H
@@ -35,6 +41,7 @@ extern "C" {
 #define HMC_DEV_CAP_IPC (1ull << 5)         /* ipc_export/ipc_import/ipc_close */
 #define HMC_DEV_CAP_DMABUF (1ull << 6)      /* dmabuf_export */
 #define HMC_DEV_CAP_PEER_ACCESS (1ull << 7) /* peer_access */
+#define HMC_DEV_CAP_STREAM_FLAGS (1ull << 8) /* flag_alloc/flag_free/stream_wait_flag (appended) */
 
 /* mem_alloc kinds. */
 #define HMC_ALLOC_DEVICE 0
@@ -103,6 +110,14 @@ typedef struct hmc_device_provider {
   int (*ipc_close)(void* state, void* ptr);
   int (*dmabuf_export)(void* state, void* ptr, size_t bytes, int* fd, uint64_t* offset);
   int (*peer_access)(void* state, int device, int peer_device, int* can_access);
+
+  /* Appended: stream-ordered completion (HMC_DEV_CAP_STREAM_FLAGS). A flag is a
+   * 32-bit word in host memory that the device can read. The host sets it when
+   * an operation finishes; work queued on `stream` after stream_wait_flag runs
+   * only once *flag >= value, without blocking any host thread. */
+  int (*flag_alloc)(void* state, int device, volatile uint32_t** flag);
+  int (*flag_free)(void* state, volatile uint32_t* flag);
+  int (*stream_wait_flag)(void* state, void* stream, volatile uint32_t* flag, uint32_t value);
 } hmc_device_provider_t;
 
 typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
