@@ -1,0 +1,18 @@
+// Catch2 main of hmc-emu-device-tests; `--emu-child <role> <in> <out>` runs a child role.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "emu_session.h"
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--emu-child") == 0) {
+    const int in = std::atoi(argv[3]);
+    const int out = std::atoi(argv[4]);
+    if (std::strcmp(argv[2], "ipc") == 0) return hmc::emu_test::ipc_child(in, out);
+    return 2;
+  }
+  return Catch::Session().run(argc, argv);
+}

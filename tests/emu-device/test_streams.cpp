@@ -1,0 +1,168 @@
+// Streams of the emulated device: asynchronous and in order (shown with a per-operation
+// delay), stream_wait_flag and events hold work back, destroy ends a blocked stream,
+// and foreign handles are refused.
+#include <catch2/catch.hpp>
+
+#include <future>
+#include <thread>
+
+#include "emu_session.h"
+
+using namespace hmc::emu_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kBytes = 256 << 10;
+
+struct Fixture {
+  Plugin emu{HMC_EMU_PLUGIN, {{"HMC_EMU_STREAM_DELAY_US", "20000"}}};
+  std::vector<void*> streams;
+
+  void* stream(int device = 0) {
+    void* s = nullptr;
+    REQUIRE(emu.p->stream_create(emu.state, device, &s) == 0);
+    streams.push_back(s);
+    return s;
+  }
+  ~Fixture() {
+    for (void* s : streams) emu.p->stream_destroy(emu.state, s);
+  }
+  void set_flag(volatile uint32_t* flag, uint32_t v) { __atomic_store_n(flag, v, __ATOMIC_RELEASE); }
+};
+
+}  // namespace
+
+TEST_CASE("stream work is asynchronous and runs in order", "[emu][streams]") {
+  Fixture f;
+  REQUIRE(f.emu.init_rc == HMC_PROV_OK);
+  auto& emu = f.emu;
+  void* s = f.stream(1);
+  void* dev = emu.alloc(1, kBytes);
+  const auto src = random_bytes(kBytes, 7);
+  std::vector<uint8_t> dst(kBytes, 0xa5);
+  // Ten writes of different data to one place, then the read: only the last may show.
+  std::vector<std::vector<uint8_t>> versions;
+  for (int i = 0; i < 10; ++i) versions.push_back(random_bytes(kBytes, 100 + i));
+  for (const auto& v : versions) REQUIRE(emu.p->copy(emu.state, dev, v.data(), kBytes, s) == 0);
+  REQUIRE(emu.p->copy(emu.state, dst.data(), dev, kBytes, s) == 0);
+  CHECK(emu.p->stream_query(emu.state, s) == HMC_PROV_IN_PROGRESS);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t c) { return c == 0xa5; }));
+  CHECK(emu.wait(emu.p->stream_query, s) == HMC_PROV_OK);
+  CHECK(dst == versions.back());
+  // Reduce and divide on the stream, after a copy that feeds them.
+  std::vector<int32_t> ones(1000, 6), out(1000, -1);
+  REQUIRE(emu.p->copy(emu.state, dev, ones.data(), 4000, s) == 0);
+  REQUIRE(emu.p->reduce(emu.state, dev, dev, dev, 1000, HMC_DTYPE_INT32, HMC_OP_SUM, s) == 0);
+  REQUIRE(emu.p->divide(emu.state, dev, 1000, HMC_DTYPE_INT32, 4, s) == 0);
+  REQUIRE(emu.p->copy(emu.state, out.data(), dev, 4000, s) == 0);
+  CHECK(emu.wait(emu.p->stream_query, s) == HMC_PROV_OK);
+  CHECK(out == std::vector<int32_t>(1000, 3));
+  emu.free(1, dev);
+}
+
+TEST_CASE("stream_wait_flag and events hold later work back", "[emu][streams][flags]") {
+  Fixture f;
+  REQUIRE(f.emu.init_rc == HMC_PROV_OK);
+  auto& emu = f.emu;
+  void* s1 = f.stream(0);
+  void* s2 = f.stream(1);
+  volatile uint32_t* flag = nullptr;
+  REQUIRE(emu.p->flag_alloc(emu.state, 0, &flag) == 0);
+  void* event = nullptr;
+  REQUIRE(emu.p->event_create(emu.state, 0, &event) == 0);
+  CHECK(emu.p->event_query(emu.state, event) == HMC_PROV_OK);  // never recorded: done
+  void* dev = emu.alloc(0, kBytes);
+  const auto src = random_bytes(kBytes, 8);
+  std::vector<uint8_t> dst(kBytes, 0xa5);
+  REQUIRE(emu.p->stream_wait_flag(emu.state, s1, flag, 2) == 0);
+  REQUIRE(emu.p->copy(emu.state, dev, src.data(), kBytes, s1) == 0);
+  REQUIRE(emu.p->event_record(emu.state, event, s1) == 0);
+  REQUIRE(emu.p->stream_wait_event(emu.state, s2, event) == 0);
+  REQUIRE(emu.p->copy(emu.state, dst.data(), dev, kBytes, s2) == 0);
+  std::this_thread::sleep_for(150ms);  // several delays: anything not held back has run
+  CHECK(emu.p->event_query(emu.state, event) == HMC_PROV_IN_PROGRESS);
+  CHECK(emu.p->stream_query(emu.state, s1) == HMC_PROV_IN_PROGRESS);
+  CHECK(emu.p->stream_query(emu.state, s2) == HMC_PROV_IN_PROGRESS);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t c) { return c == 0xa5; }));
+  f.set_flag(flag, 1);  // not enough
+  std::this_thread::sleep_for(100ms);
+  CHECK(emu.p->stream_query(emu.state, s1) == HMC_PROV_IN_PROGRESS);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t c) { return c == 0xa5; }));
+  f.set_flag(flag, 2);
+  CHECK(emu.wait(emu.p->stream_query, s2) == HMC_PROV_OK);
+  CHECK(emu.p->event_query(emu.state, event) == HMC_PROV_OK);
+  CHECK(dst == src);
+  // Only flag_alloc words are flags; the NULL stream waits on the caller.
+  uint32_t not_a_flag = 5;
+  CHECK(emu.p->stream_wait_flag(emu.state, s1, &not_a_flag, 1) == HMC_PROV_ERR_INVALID);
+  CHECK(emu.p->stream_wait_flag(emu.state, nullptr, flag, 2) == 0);
+  CHECK(emu.p->event_destroy(emu.state, event) == 0);
+  CHECK(emu.p->flag_free(emu.state, flag) == 0);
+  emu.free(0, dev);
+}
+
+TEST_CASE("destroying a stream blocked on a flag ends and drops its work", "[emu][streams][flags]") {
+  Fixture f;
+  REQUIRE(f.emu.init_rc == HMC_PROV_OK);
+  auto& emu = f.emu;
+  void* blocked = nullptr;
+  REQUIRE(emu.p->stream_create(emu.state, 0, &blocked) == 0);
+  void* waiter = f.stream(1);
+  volatile uint32_t* flag = nullptr;
+  REQUIRE(emu.p->flag_alloc(emu.state, 0, &flag) == 0);
+  void* event = nullptr;
+  REQUIRE(emu.p->event_create(emu.state, 0, &event) == 0);
+  void* dev = emu.alloc(0, kBytes);
+  emu.write(dev, std::vector<uint8_t>(kBytes, 0xa5));
+  const auto src = random_bytes(kBytes, 9);
+  REQUIRE(emu.p->stream_wait_flag(emu.state, blocked, flag, 1) == 0);
+  REQUIRE(emu.p->copy(emu.state, dev, src.data(), kBytes, blocked) == 0);
+  REQUIRE(emu.p->event_record(emu.state, event, blocked) == 0);
+  REQUIRE(emu.p->stream_wait_event(emu.state, waiter, event) == 0);
+  std::this_thread::sleep_for(50ms);
+  auto destroyed = std::async(std::launch::async,
+                              [&] { return emu.p->stream_destroy(emu.state, blocked); });
+  REQUIRE(destroyed.wait_for(10s) == std::future_status::ready);
+  CHECK(destroyed.get() == 0);
+  CHECK(emu.read(dev, kBytes) == std::vector<uint8_t>(kBytes, 0xa5));  // the copy never ran
+  CHECK(emu.p->event_query(emu.state, event) == HMC_PROV_ERR_CLOSED);
+  CHECK(emu.wait(emu.p->stream_query, waiter) == HMC_PROV_ERR_CLOSED);  // its wait failed
+  CHECK(emu.p->stream_query(emu.state, blocked) == HMC_PROV_ERR_INVALID);  // gone
+  emu.p->event_destroy(emu.state, event);
+  emu.p->flag_free(emu.state, flag);
+  emu.free(0, dev);
+}
+
+TEST_CASE("handles that are not the provider's are refused without a crash", "[emu][streams]") {
+  Plugin emu(HMC_EMU_PLUGIN);
+  REQUIRE(emu.init_rc == HMC_PROV_OK);
+  int not_a_stream = 42;
+  void* bogus = &not_a_stream;
+  void* wild = reinterpret_cast<void*>(0x10);
+  std::vector<uint8_t> a(64), b(64);
+  volatile uint32_t* flag = nullptr;
+  REQUIRE(emu.p->flag_alloc(emu.state, 0, &flag) == 0);
+  for (void* h : {bogus, wild}) {
+    CHECK(emu.p->copy(emu.state, a.data(), b.data(), 64, h) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->stream_query(emu.state, h) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->stream_destroy(emu.state, h) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->event_query(emu.state, h) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->event_destroy(emu.state, h) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->stream_wait_flag(emu.state, h, flag, 0) == HMC_PROV_ERR_INVALID);
+    CHECK(emu.p->reduce(emu.state, a.data(), a.data(), b.data(), 16, HMC_DTYPE_FP32, HMC_OP_SUM, h) ==
+          HMC_PROV_ERR_INVALID);
+    CHECK_FALSE(emu.error().empty());
+  }
+  CHECK(emu.p->flag_free(emu.state, flag) == 0);
+  CHECK(emu.p->flag_free(emu.state, flag) == HMC_PROV_ERR_INVALID);
+  void* s = nullptr;
+  REQUIRE(emu.p->stream_create(emu.state, 0, &s) == 0);
+  void* e = nullptr;
+  REQUIRE(emu.p->event_create(emu.state, 0, &e) == 0);
+  CHECK(emu.p->event_record(emu.state, s, e) == HMC_PROV_ERR_INVALID);  // swapped
+  CHECK(emu.p->stream_destroy(emu.state, s) == 0);
+  CHECK(emu.p->stream_destroy(emu.state, s) == HMC_PROV_ERR_INVALID);  // twice
+  CHECK(emu.p->event_destroy(emu.state, e) == 0);
+  CHECK(emu.p->stream_create(emu.state, 2, &s) == HMC_PROV_ERR_INVALID);
+}
