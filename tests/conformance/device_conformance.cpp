@@ -10,9 +10,13 @@
 // Environment: HMC_CONFORMANCE_SEED (random seed, printed), HMC_CONFORMANCE_TIMEOUT
 // (seconds per wait, default 30), HMC_CONFORMANCE_STRICT=1 (floats must be correctly
 // rounded, bit for bit, instead of within one ulp), HMC_CONFORMANCE_VERBOSE=1 (print
-// the plugin's debug log); other HMC_* variables reach the plugin as its parameters
-// (e.g. HMC_CPU_SIMD=baseline). The program re-executes itself with --hmc-ipc-child to
-// play the exporting process: vendor runtimes do not survive a plain fork.
+// the plugin's debug log), HMC_CONFORMANCE_LARGE (elements of the large-count reduce
+// check; 0 skips it), HMC_CONFORMANCE_REQUIRE_AVAILABLE=1 (exit 77, CTest's skip, with
+// the reason when a plugin is unavailable: the hardware-labelled runs); other HMC_*
+// variables reach the plugin as its parameters (e.g. HMC_CPU_SIMD=baseline). Provider
+// memory is only ever touched through the plugin's copy (device pointers are never
+// dereferenced). The program re-executes itself with --hmc-ipc-child to play the
+// exporting process: vendor runtimes do not survive a plain fork.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -550,7 +554,7 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         // Mandatory entries, then every capability bit against the functions it promises.
         CHECK((p->init && p->fini && p->last_error && p->device_count && p->device_info &&
                p->mem_alloc && p->mem_free && p->copy));
-        constexpr uint64_t kKnown = (HMC_DEV_CAP_PEER_ACCESS << 1) - 1;
+        constexpr uint64_t kKnown = (HMC_DEV_CAP_STREAM_FLAGS << 1) - 1;
         CHECK((p->caps & ~kKnown) == 0);
         if (p->caps & HMC_DEV_CAP_STREAMS) {
           CHECK((p->stream_create && p->stream_destroy && p->stream_query && p->event_create &&
@@ -564,6 +568,12 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         }
         if (p->caps & HMC_DEV_CAP_DMABUF) CHECK(p->dmabuf_export != nullptr);
         if (p->caps & HMC_DEV_CAP_PEER_ACCESS) CHECK(p->peer_access != nullptr);
+        if (p->caps & HMC_DEV_CAP_STREAM_FLAGS) {  // appended: the table must reach that far
+          INFO("STREAM_FLAGS is set, so the table must include the appended flag functions");
+          REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, stream_wait_flag) + sizeof(void*));
+          CHECK((p->flag_alloc && p->flag_free && p->stream_wait_flag));
+          CHECK((p->caps & HMC_DEV_CAP_STREAMS) != 0);
+        }
         // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
         CHECK((p->num_params == 0 || p->params != nullptr));
         std::string prefix = std::string("HMC_") + p->name + "_";
@@ -730,44 +740,140 @@ TEST_CASE("copy moves exactly the requested bytes", "[conformance][copy]") {
   });
 }
 
+namespace {
+
+// One kind of memory a copy may touch: pageable host memory (the kit's own), or a
+// block of one of the provider's alloc kinds.
+struct Memory {
+  Session* s = nullptr;
+  int kind = -1;  // -1: pageable host memory
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Memory(Session& session, int alloc_kind, size_t n) : s(&session), kind(alloc_kind), bytes(n) {
+    if (kind < 0) {
+      ptr = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+      REQUIRE(ptr != nullptr);
+      return;
+    }
+    const int rc = s->p->mem_alloc(s->state, 0, n, kind, &ptr);
+    INFO("mem_alloc(" << n << ", kind " << kind << "): " << rc << " " << (rc ? s->error() : ""));
+    REQUIRE(rc == 0);
+  }
+  ~Memory() {
+    if (kind < 0) std::free(ptr);
+    else s->p->mem_free(s->state, 0, ptr);
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+  char* at(size_t offset) const { return static_cast<char*>(ptr) + offset; }
+};
+
+const char* memory_name(int kind) {
+  switch (kind) {
+    case -1: return "pageable host";
+    case HMC_ALLOC_DEVICE: return "device";
+    case HMC_ALLOC_PINNED_HOST: return "pinned host";
+    case HMC_ALLOC_SHAREABLE: return "shareable";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST_CASE("copy works between every kind of memory, synchronously and on a stream",
+          "[conformance][copy]") {
+  for_each_plugin([](Session& s) {
+    std::mt19937_64 rng(seed());
+    std::vector<int> kinds = {-1};
+    if (s.has(HMC_DEV_CAP_DEVICE_MEM)) kinds.push_back(HMC_ALLOC_DEVICE);
+    if (s.has(HMC_DEV_CAP_PINNED_HOST)) kinds.push_back(HMC_ALLOC_PINNED_HOST);
+    if (s.has(HMC_DEV_CAP_SHAREABLE)) kinds.push_back(HMC_ALLOC_SHAREABLE);
+    void* stream = nullptr;
+    if (s.has(HMC_DEV_CAP_STREAMS)) REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
+    constexpr size_t kOffset = 3;
+    constexpr size_t kGuard = 29;
+    constexpr size_t n = (size_t{1} << 20) + 13;
+    const size_t total = kOffset + n + kGuard;
+    // Staging for reading any kind back: a synchronous copy into pageable memory.
+    std::vector<uint8_t> back(total);
+    for (int from : kinds) {
+      for (int to : kinds) {
+        std::vector<void*> streams = {nullptr};
+        if (stream != nullptr) streams.push_back(stream);
+        for (void* st : streams) {
+          const std::string what = std::string(memory_name(from)) + " -> " + memory_name(to) +
+                                   (st ? " on a stream" : " synchronously");
+          INFO(what);
+          Memory src(s, from, total), dst(s, to, total);
+          std::vector<uint8_t> data(total), poison(total, 0xa5);
+          for (auto& c : data) c = static_cast<uint8_t>(rng());
+          REQUIRE(s.p->copy(s.state, src.ptr, data.data(), total, nullptr) == 0);
+          REQUIRE(s.p->copy(s.state, dst.ptr, poison.data(), total, nullptr) == 0);
+          const int rc = s.p->copy(s.state, dst.at(kOffset), src.at(kOffset), n, st);
+          INFO("copy: " << rc << " " << (rc ? s.error() : ""));
+          REQUIRE(rc == 0);
+          sync_stream(s, st);
+          std::fill(back.begin(), back.end(), 0x11);
+          REQUIRE(s.p->copy(s.state, back.data(), dst.ptr, total, nullptr) == 0);
+          std::vector<uint8_t> want = poison;
+          std::copy(data.begin() + kOffset, data.begin() + kOffset + n, want.begin() + kOffset);
+          CHECK(first_difference(back, want) == "");
+          if (to == -1 || to == HMC_ALLOC_PINNED_HOST) {  // host memory: look directly too
+            CHECK(std::memcmp(dst.ptr, want.data(), total) == 0);
+          }
+        }
+      }
+    }
+    if (stream != nullptr) CHECK(s.p->stream_destroy(s.state, stream) == 0);
+  });
+}
+
 // ---- reduce and divide -----------------------------------------------------------------
 
 namespace {
 
 // Runs one reduce of n elements on provider memory and checks it, with dst distinct
-// from, or equal to, the inputs ("out", "into a", "into b", "all same").
+// from, or equal to, the inputs ("out", "into a", "into b", "all same"). `shift`
+// moves all three buffers by that many elements (off the 16-byte alignment that
+// vector kernels like). Inputs and outputs go through `copy`: the kit never
+// dereferences provider memory.
 void check_reduce(Session& s, const Dtype& t, int op, size_t n, const std::string& layout,
-                  void* stream, std::mt19937_64& rng) {
+                  void* stream, std::mt19937_64& rng, size_t shift = 0) {
   constexpr size_t kGuard = 16;
   const auto a = random_array(t, n, rng);
   const auto b = layout == "all same" ? a : random_array(t, n, rng);
-  const size_t bytes = (n + kGuard) * t.size;
+  const size_t bytes = (n + kGuard + shift) * t.size;
+  const size_t at = shift * t.size;
   Buffer da(s, bytes), db(s, bytes), dd(s, bytes);
   dd.poison();
-  da.write(a.data(), n * t.size);
-  db.write(b.data(), n * t.size);
-  void* dst = dd.ptr;
-  const void* src_a = da.ptr;
-  const void* src_b = db.ptr;
-  if (layout == "into a") dst = da.ptr;
-  if (layout == "into b") dst = db.ptr;
-  if (layout == "all same") src_a = src_b = dst = da.ptr;
+  da.write(a.data(), n * t.size, at);
+  db.write(b.data(), n * t.size, at);
+  void* dst = static_cast<char*>(dd.ptr) + at;
+  const void* src_a = static_cast<char*>(da.ptr) + at;
+  const void* src_b = static_cast<char*>(db.ptr) + at;
+  if (layout == "into a") dst = static_cast<char*>(da.ptr) + at;
+  if (layout == "into b") dst = static_cast<char*>(db.ptr) + at;
+  if (layout == "all same") src_a = src_b = dst = static_cast<char*>(da.ptr) + at;
+  const std::string what = std::string(t.name) + " " + kOpNames[op] + " n=" + std::to_string(n) + " " + layout +
+                           (shift ? " shifted by " + std::to_string(shift) : "") + (stream ? " on a stream" : "");
   const int rc = s.p->reduce(s.state, dst, src_a, src_b, n, t.id, op, stream);
-  INFO(t.name << " " << kOpNames[op] << " n=" << n << " " << layout << ": rc " << rc << " "
-               << (rc ? s.error() : ""));
+  INFO(what << ": rc " << rc << " " << (rc ? s.error() : ""));
   REQUIRE(rc == 0);
   sync_stream(s, stream);
   Buffer* out = layout == "out" ? &dd : layout == "into b" ? &db : &da;
-  const auto got = out->read(bytes);
+  const auto all = out->read(bytes);
+  const uint8_t* got = all.data() + at;
   Tally tally;
   for (size_t i = 0; i < n; ++i) {
-    tally.add(t, i, load(t, got.data(), i), ref_op(t, op, load(t, a.data(), i), load(t, b.data(), i)),
+    tally.add(t, i, load(t, got, i), ref_op(t, op, load(t, a.data(), i), load(t, b.data(), i)),
               std::string(t.name) + " " + kOpNames[op]);
   }
   if (layout == "out") {
-    CHECK(std::all_of(got.begin() + n * t.size, got.end(), [](uint8_t c) { return c == 0xa5; }));
+    INFO(what << ": bytes outside dst changed");
+    CHECK(std::all_of(all.begin(), all.begin() + at, [](uint8_t c) { return c == 0xa5; }));
+    CHECK(std::all_of(all.begin() + at + n * t.size, all.end(), [](uint8_t c) { return c == 0xa5; }));
   }
-  report(tally, std::string(t.name) + " " + kOpNames[op] + " n=" + std::to_string(n) + " " + layout);
+  report(tally, what);
 }
 
 }  // namespace
@@ -791,10 +897,43 @@ TEST_CASE("reduce matches the reference for every dtype and op", "[conformance][
           void* stream = nullptr;
           REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
           check_reduce(s, t, op, 65537, "out", stream, rng);
+          check_reduce(s, t, op, 65537, "into b", stream, rng);
           CHECK(s.p->stream_destroy(s.state, stream) == 0);
         }
+        // Off the vector alignment, with a tail of every length.
+        check_reduce(s, t, op, 1000 + static_cast<size_t>(op), "out", nullptr, rng, 1);
+        check_reduce(s, t, op, 4099, "into a", nullptr, rng, 3);
       }
     }
+  });
+}
+
+TEST_CASE("reduce handles large counts", "[conformance][reduce][large]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_REDUCE)) return;
+    std::mt19937_64 rng(seed());
+    // 2^24 + 3 elements on device memory: many grid-stride rounds of a kernel and a
+    // ragged tail; sum for every dtype out of place, and another op in place on a
+    // stream for one dtype of each width. Host-memory providers loop over plain
+    // memory: 2^20 + 3 suffices there and keeps the reference computation short on
+    // small machines. HMC_CONFORMANCE_LARGE=<count> sets the count (0 skips).
+    size_t large = s.has(HMC_DEV_CAP_DEVICE_MEM) ? (size_t{1} << 24) + 3 : (size_t{1} << 20) + 3;
+    if (const char* v = std::getenv("HMC_CONFORMANCE_LARGE"); v != nullptr && v[0] != '\0') {
+      large = std::strtoull(v, nullptr, 0);
+    }
+    if (large == 0) {
+      WARN("HMC_CONFORMANCE_LARGE=0: large counts skipped");
+      return;
+    }
+    void* stream = nullptr;
+    if (s.has(HMC_DEV_CAP_STREAMS)) REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
+    for (const Dtype& t : kDtypes) {
+      check_reduce(s, t, HMC_OP_SUM, large, "out", nullptr, rng);
+      if (t.id == HMC_DTYPE_INT8 || t.id == HMC_DTYPE_FP16 || t.id == HMC_DTYPE_FP32 || t.id == HMC_DTYPE_UINT64) {
+        check_reduce(s, t, t.is_float ? HMC_OP_MAX : HMC_OP_PROD, large, "into a", stream, rng);
+      }
+    }
+    if (stream != nullptr) CHECK(s.p->stream_destroy(s.state, stream) == 0);
   });
 }
 
@@ -961,11 +1100,167 @@ TEST_CASE("streams and events complete", "[conformance][streams]") {
   });
 }
 
+// ---- stream flags, dma-buf, bandwidth -----------------------------------------------------
+
+TEST_CASE("work queued after stream_wait_flag waits for the flag", "[conformance][flags]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_STREAM_FLAGS)) {
+      WARN(s.p->name << " has no STREAM_FLAGS capability: skipped");
+      return;
+    }
+    volatile uint32_t* flag = nullptr;
+    int rc = s.p->flag_alloc(s.state, 0, &flag);
+    INFO("flag_alloc: " << rc << " " << (rc ? s.error() : ""));
+    if (rc == HMC_PROV_ERR_UNSUPPORTED) {  // the device lacks stream memory operations
+      WARN(s.p->name << ": stream flags unsupported here: " << s.error());
+      return;
+    }
+    REQUIRE(rc == 0);
+    REQUIRE(flag != nullptr);
+    CHECK(*flag == 0);  // host memory the CPU reads and writes
+    void* stream = nullptr;
+    REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
+    std::mt19937_64 rng(seed());
+    constexpr size_t n = (1 << 20) + 5;
+    std::vector<uint8_t> data(n), poison(n, 0xa5);
+    for (auto& c : data) c = static_cast<uint8_t>(rng());
+    Buffer src(s, n), dst(s, n);
+    src.write(data.data(), n);
+    dst.write(poison.data(), n);
+    // Whatever happens below, release the stream before it is destroyed.
+    struct Release {
+      volatile uint32_t* f;
+      ~Release() { *f = 0xffffffffu; }
+    } release{flag};
+    rc = s.p->stream_wait_flag(s.state, stream, flag, 2);
+    INFO("stream_wait_flag: " << rc << " " << (rc ? s.error() : ""));
+    if (rc == HMC_PROV_ERR_UNSUPPORTED) {
+      WARN(s.p->name << ": stream flags unsupported on this device: " << s.error());
+    } else {
+      REQUIRE(rc == 0);
+      REQUIRE(s.p->copy(s.state, dst.ptr, src.ptr, n, stream) == 0);
+      void* event = nullptr;
+      REQUIRE(s.p->event_create(s.state, 0, &event) == 0);
+      REQUIRE(s.p->event_record(s.state, event, stream) == 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CHECK(s.p->stream_query(s.state, stream) == HMC_PROV_IN_PROGRESS);
+      CHECK(s.p->event_query(s.state, event) == HMC_PROV_IN_PROGRESS);
+      CHECK(first_difference(dst.read(n), poison) == "");  // the copy has not run
+      *flag = 1;  // below the value waited for: still waiting
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CHECK(s.p->event_query(s.state, event) == HMC_PROV_IN_PROGRESS);
+      CHECK(first_difference(dst.read(n), poison) == "");
+      *flag = 3;  // >= 2: the stream goes on
+      CHECK(wait_event(s, event));
+      CHECK(first_difference(dst.read(n), data) == "");
+      CHECK(s.p->event_destroy(s.state, event) == 0);
+      // A flag already at the value does not wait.
+      REQUIRE(s.p->stream_wait_flag(s.state, stream, flag, 3) == 0);
+      sync_stream(s, stream);
+    }
+    // Errors: a pointer that is not a flag, a double free.
+    uint32_t not_a_flag = 0;
+    CHECK(s.p->stream_wait_flag(s.state, stream, &not_a_flag, 1) < 0);
+    CHECK(s.p->flag_free(s.state, flag) == 0);
+    CHECK(s.p->flag_free(s.state, flag) < 0);
+    release.f = &not_a_flag;
+    CHECK(s.p->stream_destroy(s.state, stream) == 0);
+  });
+}
+
+TEST_CASE("dma-buf export gives a file of whole pages around the range", "[conformance][dmabuf]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_DMABUF)) {
+      WARN(s.p->name << " has no DMABUF capability: skipped");
+      return;
+    }
+    constexpr size_t kBytes = 4 << 20;
+    Buffer buf(s, kBytes);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t at = page + 100;  // not page aligned: the offset says where it starts
+    const size_t len = 3 * page;
+    int fd = -1;
+    uint64_t offset = ~0ull;
+    const int rc = s.p->dmabuf_export(s.state, static_cast<char*>(buf.ptr) + at, len, &fd, &offset);
+    INFO("dmabuf_export: " << rc << " " << (rc ? s.error() : ""));
+    if (rc == HMC_PROV_ERR_UNSUPPORTED) {
+      std::fprintf(stderr, "%s: dma-buf unsupported here: %s\n", s.p->name, s.error().c_str());
+      WARN(s.p->name << ": dma-buf unsupported here: " << s.error());
+      CHECK_FALSE(s.error().empty());
+      return;
+    }
+    REQUIRE(rc == 0);
+    REQUIRE(fd >= 0);
+    const auto ptr = reinterpret_cast<uintptr_t>(buf.ptr) + at;
+    CHECK(offset == ptr % page);
+    char link[256] = {};
+    const std::string fd_path = "/proc/self/fd/" + std::to_string(fd);
+    CHECK(readlink(fd_path.c_str(), link, sizeof(link) - 1) > 0);
+    INFO("fd links to " << link);
+    CHECK(std::strstr(link, "dmabuf") != nullptr);
+    const off_t size = lseek(fd, 0, SEEK_END);
+    CHECK(size >= static_cast<off_t>(offset + len));
+    CHECK(size % static_cast<off_t>(page) == 0);
+    std::fprintf(stderr, "%s: dma-buf fd %d -> %s, %lld bytes, offset %llu\n", s.p->name, fd, link,
+                 static_cast<long long>(size), static_cast<unsigned long long>(offset));
+    ::close(fd);
+    int bad_fd = -1;
+    CHECK(s.p->dmabuf_export(s.state, static_cast<char*>(buf.ptr) + at, 0, &bad_fd, &offset) < 0);
+  });
+}
+
+// Not a test: bandwidth of reduce and of a device copy, for the record (run it by name).
+TEST_CASE("reduce bandwidth", "[.][bandwidth]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_REDUCE) || !s.has(HMC_DEV_CAP_STREAMS)) return;
+    void* stream = nullptr;
+    REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
+    constexpr size_t kBytes = size_t{256} << 20;
+    Buffer a(s, kBytes), b(s, kBytes), d(s, kBytes);
+    a.poison(0x11);
+    b.poison(0x22);
+    // Seconds per call: batches of 5 queued calls (each batch waited for, so that a
+    // slow provider stays within the wait deadline) until 20 calls or half a second.
+    auto timed = [&](const std::function<void()>& body) {
+      body();  // warm up
+      sync_stream(s, stream);
+      const auto t0 = Clock::now();
+      int iters = 0;
+      double elapsed = 0;
+      while (iters < 20 && (iters == 0 || elapsed < 0.5)) {
+        for (int i = 0; i < 5; ++i) body();
+        sync_stream(s, stream);
+        iters += 5;
+        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      return elapsed / iters;
+    };
+    const double copy_s = timed([&] { REQUIRE(s.p->copy(s.state, d.ptr, a.ptr, kBytes, stream) == 0); });
+    std::fprintf(stderr, "%s: copy of %zu MiB: %.1f GB/s (read + write)\n", s.p->name, kBytes >> 20,
+                 2.0 * kBytes / copy_s / 1e9);
+    for (const Dtype& t : kDtypes) {
+      for (int op : {HMC_OP_SUM, HMC_OP_MAX}) {
+        const size_t n = kBytes / t.size;
+        const double secs = timed([&] { REQUIRE(s.p->reduce(s.state, d.ptr, a.ptr, b.ptr, n, t.id, op, stream) == 0); });
+        const double secs_in = timed([&] { REQUIRE(s.p->reduce(s.state, a.ptr, a.ptr, b.ptr, n, t.id, op, stream) == 0); });
+        std::fprintf(stderr, "%s: reduce %s %s %zu MiB: %.1f GB/s out of place, %.1f GB/s into a (3 x bytes / time)\n",
+                     s.p->name, t.name, kOpNames[op], kBytes >> 20, 3.0 * kBytes / secs / 1e9, 3.0 * kBytes / secs_in / 1e9);
+      }
+      const size_t n = kBytes / t.size;
+      const double secs = timed([&] { REQUIRE(s.p->divide(s.state, d.ptr, n, t.id, 3, stream) == 0); });
+      std::fprintf(stderr, "%s: divide %s by 3, %zu MiB: %.1f GB/s (2 x bytes / time)\n", s.p->name, t.name,
+                   kBytes >> 20, 2.0 * kBytes / secs / 1e9);
+    }
+    CHECK(s.p->stream_destroy(s.state, stream) == 0);
+  });
+}
+
 // ---- IPC between two processes ---------------------------------------------------------
 
 namespace {
 
 constexpr size_t kIpcBytes = (1 << 20) + 4096 + 3;
+constexpr size_t kIpcInterior = 3 * 4096 + 17;  // the child also exports mem + this
 
 std::vector<uint8_t> ipc_pattern(uint64_t salt) {
   std::mt19937_64 rng(seed() ^ salt);
@@ -1035,11 +1330,20 @@ int ipc_child(const char* plugin) {
   if (p->mem_alloc(state, 0, kIpcBytes, HMC_ALLOC_SHAREABLE, &mem) != 0) return err("mem_alloc");
   const auto mine = ipc_pattern(1);
   if (p->copy(state, mem, mine.data(), kIpcBytes, nullptr) != 0) return err("copy");
+  // Two handles: the whole block, and an interior pointer at an odd offset.
   uint8_t handle[HMC_IPC_HANDLE_MAX];
   size_t len = 0;
   if (p->ipc_export(state, mem, kIpcBytes, handle, sizeof(handle), &len) != 0) return err("ipc_export");
   if (len == 0 || len > sizeof(handle)) return die("child: ipc_export gave a handle of bad length");
+  uint8_t inner[HMC_IPC_HANDLE_MAX];
+  size_t inner_len = 0;
+  if (p->ipc_export(state, static_cast<char*>(mem) + kIpcInterior, kIpcBytes - kIpcInterior, inner, sizeof(inner),
+                    &inner_len) != 0) {
+    return err("ipc_export(interior pointer)");
+  }
+  if (inner_len == 0 || inner_len > sizeof(inner)) return die("child: interior ipc_export gave a bad length");
   send_msg(4, 0, handle, static_cast<uint32_t>(len));
+  send_msg(4, 0, inner, static_cast<uint32_t>(inner_len));
   // Wait for the parent to write its pattern into our memory, then check it.
   int32_t status = 1;
   std::vector<uint8_t> msg;
@@ -1127,17 +1431,47 @@ TEST_CASE("IPC memory exported by another process is shared both ways", "[confor
     const std::string child_error = status != 0 ? std::string(msg.begin(), msg.end()) : "";
     INFO("child: " << child_error);
     REQUIRE(status == 0);
-    void* mapped = nullptr;
-    const int rc = s.p->ipc_import(s.state, msg.data(), msg.size(), &mapped);
-    INFO("ipc_import: " << rc << " " << (rc ? s.error() : ""));
-    REQUIRE(rc == 0);
-    REQUIRE(mapped != nullptr);
+    std::vector<uint8_t> inner;
+    if (!recv_msg(from_child.fd[0], &status, &inner, deadline)) {
+      FAIL("no second (interior pointer) handle from the child within the deadline");
+    }
+    INFO("child: " << (status != 0 ? std::string(inner.begin(), inner.end()) : ""));
+    REQUIRE(status == 0);
+    auto import = [&](const std::vector<uint8_t>& h, const char* what) {
+      void* mapped = nullptr;
+      const int rc = s.p->ipc_import(s.state, h.data(), h.size(), &mapped);
+      INFO(what << ": ipc_import: " << rc << " " << (rc ? s.error() : ""));
+      REQUIRE(rc == 0);
+      REQUIRE(mapped != nullptr);
+      return mapped;
+    };
+    const auto theirs = ipc_pattern(1);
+    void* mapped = import(msg, "whole block");
     std::vector<uint8_t> seen(kIpcBytes, 0xa5);
     REQUIRE(s.p->copy(s.state, seen.data(), mapped, kIpcBytes, nullptr) == 0);
-    CHECK(first_difference(seen, ipc_pattern(1)) == "");  // the child's data, seen by the parent
+    CHECK(first_difference(seen, theirs) == "");  // the child's data, seen by the parent
+    // The same allocation again, through the interior handle and the same handle:
+    // each import is its own, and closing one leaves the others mapped.
+    void* interior = import(inner, "interior pointer");
+    std::vector<uint8_t> seen_inner(kIpcBytes - kIpcInterior, 0xa5);
+    REQUIRE(s.p->copy(s.state, seen_inner.data(), interior, seen_inner.size(), nullptr) == 0);
+    CHECK(first_difference(seen_inner, std::vector<uint8_t>(theirs.begin() + kIpcInterior, theirs.end())) == "");
+    void* again = import(msg, "whole block, second import");
+    std::vector<uint8_t> seen_again(kIpcBytes, 0xa5);
+    REQUIRE(s.p->copy(s.state, seen_again.data(), again, kIpcBytes, nullptr) == 0);
+    CHECK(first_difference(seen_again, theirs) == "");
+    CHECK(s.p->ipc_close(s.state, again) == 0);
+    std::fill(seen.begin(), seen.end(), 0xa5);
+    REQUIRE(s.p->copy(s.state, seen.data(), mapped, kIpcBytes, nullptr) == 0);
+    CHECK(first_difference(seen, theirs) == "");  // still mapped after closing the second import
+    // Our data goes in through both views: the head through the block, the rest
+    // through the interior pointer.
     const auto ours = ipc_pattern(2);
-    REQUIRE(s.p->copy(s.state, mapped, ours.data(), kIpcBytes, nullptr) == 0);
+    REQUIRE(s.p->copy(s.state, mapped, ours.data(), kIpcInterior, nullptr) == 0);
+    REQUIRE(s.p->copy(s.state, interior, ours.data() + kIpcInterior, kIpcBytes - kIpcInterior, nullptr) == 0);
+    CHECK(s.p->ipc_close(s.state, interior) == 0);
     CHECK(s.p->ipc_close(s.state, mapped) == 0);  // unmaps our view only
+    CHECK(s.p->ipc_close(s.state, mapped) < 0);   // every import closed already
     REQUIRE(send_msg(to_child.fd[1], 0, nullptr, 0));
     if (!recv_msg(from_child.fd[0], &status, &msg, deadline)) {
       FAIL("no verdict from the child within the deadline");
@@ -1225,10 +1559,62 @@ TEST_CASE("bad arguments give an error, not a crash", "[conformance][errors]") {
 
 // ---- main: the IPC child, or the Catch2 session ----------------------------------------
 
+namespace {
+
+// With HMC_CONFORMANCE_REQUIRE_AVAILABLE=1 (the hardware-labelled CTest runs): exit
+// code 77 (CTest's skip) with the reason when a plugin says it is unavailable and no
+// such hardware is visible; 1 when it cannot be loaded at all, or when an NVIDIA GPU
+// is visible (/dev/nvidia0) and the plugin still says unavailable; else 0 (run).
+int require_available() {
+  const auto paths = plugin_paths();
+  if (paths.empty()) {
+    std::fprintf(stderr, "hmc-conformance-device: no plugin to check\n");
+    return 1;
+  }
+  for (const auto& path : paths) {
+    void* dl = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (dl == nullptr) {
+      std::fprintf(stderr, "hmc-conformance-device: cannot load %s: %s\n", path.c_str(), dlerror());
+      return 1;
+    }
+    auto entry = reinterpret_cast<hmc_device_entry_v1_fn>(dlsym(dl, HMC_DEVICE_ENTRY_V1));
+    const hmc_device_provider_t* p = entry ? entry() : nullptr;
+    if (p == nullptr || p->init == nullptr) {
+      std::fprintf(stderr, "hmc-conformance-device: %s has no provider table\n", path.c_str());
+      return 1;
+    }
+    Host host{environment_config()};
+    hmc_host_services_t services{sizeof(services), &host, host_log, host_config_get, host_wake};
+    void* state = nullptr;
+    char reason[512] = {};
+    const int rc = p->init(&services, &state, reason, sizeof(reason));
+    if (rc == HMC_PROV_OK) {
+      p->fini(state);
+      continue;
+    }
+    const bool nvidia_gpu = access("/dev/nvidia0", F_OK) == 0;
+    if (rc == HMC_PROV_ERR_UNAVAILABLE && !(nvidia_gpu && std::strcmp(p->name, "cuda") == 0)) {
+      std::printf("SKIPPED: %s is unavailable here: %s\n", path.c_str(), reason);
+      std::fflush(stdout);
+      return 77;
+    }
+    std::fprintf(stderr, "hmc-conformance-device: %s: init failed (%d): %s%s\n", path.c_str(), rc, reason,
+                 nvidia_gpu ? " (and /dev/nvidia0 exists)" : "");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--hmc-ipc-child") == 0) {
     setenv("HMC_CONFORMANCE_SEED", argv[3], 1);  // same patterns as the parent
     return ipc_child(argv[2]);
+  }
+  if (std::strcmp(env_or("HMC_CONFORMANCE_REQUIRE_AVAILABLE", "0"), "1") == 0) {
+    const int rc = require_available();
+    if (rc != 0) return rc;
   }
   std::fprintf(stderr, "hmc-conformance-device: seed %llu (HMC_CONFORMANCE_SEED), timeout %lld ms\n",
                static_cast<unsigned long long>(seed()), static_cast<long long>(timeout().count()));
