@@ -17,6 +17,14 @@ Status invalid(std::string why) { return {ErrorCode::kInvalidArgument, std::move
 
 }  // namespace
 
+Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream) {
+  if (!stream) return std::shared_ptr<core::StreamOrder>();
+  if (!where)
+    return Status(ErrorCode::kInvalidArgument, "a stream was given but no device buffer tells which device it belongs to");
+  auto mem = ctx.mem_info(where, 1);
+  return core::StreamOrder::create(ctx, mem.provider, mem.device, stream);
+}
+
 Request failed_request(Status s) { return Request(core::Operation::failed(std::move(s))); }
 
 Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt) : comm_(comm), kind_(kind), opt_(opt) {
@@ -45,8 +53,13 @@ Request Call::run(const Build& build) {
     done->complete(0);
     return Request(done);
   }
+  // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
+  // job's ranks hold different memory kinds): each chunk costs a handshake, which device
+  // copies (hundreds of GB/s) notice most, so large messages get larger chunks.
   std::size_t chunk_bytes = ctx.config().size("HMC_COLL_CHUNK");
   if (chunk_bytes == 0) chunk_bytes = kDefaultChunk;
+  if (int64_t pieces = ctx.config().integer("HMC_COLL_MAX_CHUNKS"); pieces > 0)
+    chunk_bytes = std::max(chunk_bytes, algo_bytes / static_cast<std::size_t>(pieces));
   const std::size_t esz = dtype_size(dtype);
   Schedule sched;
   Scratch scratch(ctx, ctx.device_of(where));
@@ -66,8 +79,10 @@ Request Call::run(const Build& build) {
     mine.algo = static_cast<int32_t>(algo.value());
     coll->add_check(mine, to_peer, from_peer);
   }
+  auto order = stream_order(ctx, where, opt_.stream);
+  if (!order) return failed_request(prefixed(order.status()));
   Request result(coll->result());
-  Driver::of(ctx.engine()).launch(std::move(coll));
+  Driver::of(ctx.engine()).launch(std::move(coll), std::move(order.value()));
   return result;
 }
 

@@ -8,11 +8,14 @@
 
 #include "collectives/plan.h"
 #include "collectives/select.h"
+#include "core/stream_order.h"
 #include "hmc/collectives.h"
 
 namespace hmc::coll {
 
 Request failed_request(Status s);
+// The stream binding of an operation on `where`'s device, or null without a stream.
+Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream);
 
 class Call {
  public:

@@ -21,11 +21,15 @@ Driver& Driver::of(const std::shared_ptr<core::ProgressEngine>& engine) {
   return *drivers->back().second;
 }
 
-void Driver::launch(std::unique_ptr<CollOp> op) {
+void Driver::launch(std::unique_ptr<CollOp> op, std::shared_ptr<core::StreamOrder> order) {
   std::lock_guard lock(mu_);
-  op->start();
-  if (op->finished()) return;
-  ops_.push_back(std::move(op));
+  const bool start = !order || order->ready();
+  if (start) op->start();
+  if (op->finished()) {
+    if (order) order->finish();
+    return;
+  }
+  ops_.push_back({std::move(op), std::move(order), start});
   if (!registered_) {
     engine_->add(this);
     registered_ = true;
@@ -37,14 +41,26 @@ bool Driver::progress() {
   if (!lock.owns_lock()) return false;
   bool any = false;
   if (engine_->closed()) {
-    for (auto& op : ops_) op->abandon({ErrorCode::kFinalized, "the context was destroyed while the collective was pending"});
+    for (auto& e : ops_) {
+      e.op->abandon({ErrorCode::kFinalized, "the context was destroyed while the collective was pending"});
+      if (e.order) e.order->finish();
+    }
     any = !ops_.empty();
     ops_.clear();
   }
   for (std::size_t i = 0; i < ops_.size();) {
-    any |= ops_[i]->advance();
-    if (ops_[i]->finished()) ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
-    else ++i;
+    Entry& e = ops_[i];
+    if (!e.started && e.order->ready()) {
+      e.op->start();
+      e.started = any = true;
+    }
+    if (e.started) any |= e.op->advance();
+    if (e.op->finished()) {
+      if (e.order) e.order->finish();
+      ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
   }
   if (ops_.empty() && registered_) {
     engine_->remove(this);

@@ -18,6 +18,7 @@
 
 #include "collectives/coll_op.h"
 #include "core/progress.h"
+#include "core/stream_order.h"
 
 namespace hmc::coll {
 
@@ -26,15 +27,21 @@ class Driver final : public core::Progressable {
   static Driver& of(const std::shared_ptr<core::ProgressEngine>& engine);
 
   // Posts op's first sends and receives now, on the caller's thread, then runs it in
-  // progress().
-  void launch(std::unique_ptr<CollOp> op);
+  // progress(). With `order`, op starts only once order->ready(), and order->finish()
+  // runs when op ends.
+  void launch(std::unique_ptr<CollOp> op, std::shared_ptr<core::StreamOrder> order = nullptr);
   bool progress() override;
 
  private:
   explicit Driver(core::ProgressEngine* engine) : engine_(engine) {}
   core::ProgressEngine* engine_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<CollOp>> ops_;  // oldest first
+  struct Entry {
+    std::unique_ptr<CollOp> op;
+    std::shared_ptr<core::StreamOrder> order;
+    bool started;
+  };
+  std::vector<Entry> ops_;  // oldest first
   bool registered_ = false;
 };
 

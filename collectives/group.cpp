@@ -30,7 +30,7 @@ Group& Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
   return *this;
 }
 
-Request Group::end() {
+Request Group::end(const CollOptions& opt) {
   auto items = std::move(items_);
   items_.clear();
   Status error = std::move(error_);
@@ -54,9 +54,11 @@ Request Group::end() {
   }
   core::ContextImpl& ctx = ci.context();
   coll::CollSpec spec{"group", DataType::kUint8, ReduceOp::kSum, 1, total};
+  auto order = coll::stream_order(ctx, items.empty() ? nullptr : items.front().buf, opt.stream);
+  if (!order) return reject(order.status());
   auto op = std::make_unique<coll::CollOp>(ci, 0, spec, std::move(sched), coll::Scratch(ctx, DeviceId{}));
   Request result(op->result());
-  coll::Driver::of(ctx.engine()).launch(std::move(op));
+  coll::Driver::of(ctx.engine()).launch(std::move(op), std::move(order.value()));
   return result;
 }
 

@@ -96,7 +96,9 @@ Status CommImpl::setup(const UniqueId& id) {
     auto path = negotiate_path(mine, p.card, policy.value());
     if (!path) { mine_ok = path.status(); break; }
     p.path = std::move(path.value());
+    p.path.device_path = device_path(mine, p.card, p.path.provider);
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
+    p.ipc_ok = p.net && p.card.host_id == mine.host_id;
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);

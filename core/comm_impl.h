@@ -19,6 +19,7 @@
 #include "core/bootstrap.h"
 #include "core/card.h"
 #include "core/context_impl.h"
+#include "core/device_path.h"
 #include "core/progress.h"
 #include "core/registration.h"
 #include "core/wire.h"
@@ -57,6 +58,8 @@ class CommImpl : public Progressable {
     std::shared_ptr<Operation> op;
     const uint8_t* buf;
     std::size_t bytes;
+    bool device = false;       // buf is device memory: stage or write through IPC
+    uint8_t* staged = nullptr; // pinned host copy while a staged put is in flight
   };
   struct RecvOp {
     std::shared_ptr<Operation> op;
@@ -66,6 +69,9 @@ class CommImpl : public Progressable {
     uint64_t id;
     void* mr = nullptr;      // a registration of this receive alone
     std::size_t cached = 0;  // 1 + index into reg_cache_, or 0
+    bool device = false;       // buf is device memory
+    uint8_t* staged = nullptr; // host buffer the data lands in first (device receives)
+    bool offered_ipc = false;  // the CTS offered buf as IPC memory
   };
   struct RegCacheEntry {
     LoadedProvider* net;
@@ -82,6 +88,7 @@ class CommImpl : public Progressable {
     uint64_t tag;
     uint64_t size;
     uint64_t sender_id;
+    uint64_t aux;  // kRts flags
     std::vector<uint8_t> data;
   };
   // A provider request in flight and what to do when it ends.
@@ -109,6 +116,7 @@ class CommImpl : public Progressable {
     std::map<uint64_t, RecvOp> rndv_recvs;
     std::deque<uint64_t> notifications;
     std::vector<Inflight> inflight;
+    bool ipc_ok = false;  // same host, and no IPC import has failed yet
   };
 
   CommImpl(ContextImpl& ctx, int rank, int size);
@@ -123,8 +131,13 @@ class CommImpl : public Progressable {
   void track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
-  void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size);
+  void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags);
   Status register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey);
+  std::optional<IpcOffer> ipc_offer(const Peer& p, const RecvOp& r, uint64_t rts_flags);
+  void on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len);
+  void on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len);
+  void finish_rndv_recv(Peer& p, uint64_t id, uint64_t size);
+  Status copy_in(void* dst, const void* src, std::size_t bytes, bool device);
   void release_recv(Peer& p, RecvOp& r);
   void flush_reg_cache(bool all);
   void on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
@@ -150,6 +163,7 @@ class CommImpl : public Progressable {
   bool registered_ = false;
   std::vector<RegCacheEntry> reg_cache_;
   uint64_t reg_cache_gen_ = 0;
+  DeviceTransfers dev_{ctx_};
 };
 
 }  // namespace hmc::core

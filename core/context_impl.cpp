@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -120,12 +121,16 @@ Result<Memory> ContextImpl::alloc(const DeviceId& device, std::size_t bytes, All
   if (device.index < 0 || device.index >= n)
     return Status(ErrorCode::kInvalidArgument, "device " + device.to_string() + " does not exist (" + std::to_string(n) + " devices)");
   if (bytes == 0) return Status(ErrorCode::kInvalidArgument, "cannot allocate 0 bytes");
+  hmc_device_info_t info{};
+  info.struct_size = sizeof(info);
+  const bool device_mem = kind != AllocKind::kPinnedHost && p->dev->device_info(p->state, device.index, &info) == 0 &&
+                          info.mem_kind == HMC_MEM_DEVICE;
   void* ptr = nullptr;
   if (p->dev->mem_alloc(p->state, device.index, bytes, alloc_kind_code(kind), &ptr) != 0 || !ptr)
     return Status(ErrorCode::kNoMemory, "allocating " + std::to_string(bytes) + " bytes on " + device.to_string() + " failed: " + provider_error(*p));
   {
     std::lock_guard lock(mu_);
-    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index};
+    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id_++, kind, device_mem};
   }
   return Memory(this, device, ptr, bytes, kind);
 }
@@ -144,18 +149,27 @@ void ContextImpl::free(const DeviceId& device, void* ptr) {
     HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*p));
 }
 
-const ContextImpl::Allocation* ContextImpl::find_allocation(const void* ptr, std::size_t bytes) const {
+const std::pair<const uintptr_t, ContextImpl::Allocation>* ContextImpl::find_allocation(const void* ptr,
+                                                                                       std::size_t bytes) const {
   auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto it = allocations_.upper_bound(addr);
   if (it == allocations_.begin()) return nullptr;
   --it;
-  return addr + bytes <= it->first + it->second.bytes ? &it->second : nullptr;
+  return addr + bytes <= it->first + it->second.bytes ? &*it : nullptr;
 }
 
 LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
   std::lock_guard lock(mu_);
-  const Allocation* a = find_allocation(ptr, 1);
-  return a ? a->provider : registry_->device("cpu");
+  const auto* a = find_allocation(ptr, 1);
+  return a ? a->second.provider : registry_->device("cpu");
+}
+
+ContextImpl::MemInfo ContextImpl::mem_info(const void* ptr, std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1));
+  if (!found) return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0};
+  const Allocation& a = found->second;
+  return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes};
 }
 
 bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
@@ -165,8 +179,8 @@ bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
 
 DeviceId ContextImpl::device_of(const void* ptr) const {
   std::lock_guard lock(mu_);
-  const Allocation* a = find_allocation(ptr, 1);
-  return a ? DeviceId{a->provider->name, a->device} : DeviceId{"cpu", 0};
+  const auto* a = find_allocation(ptr, 1);
+  return a ? DeviceId{a->second.provider->name, a->second.device} : DeviceId{"cpu", 0};
 }
 
 Status ContextImpl::copy(void* dst, const void* src, std::size_t bytes) {

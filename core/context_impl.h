@@ -12,6 +12,7 @@
 #include "core/config.h"
 #include "core/plugin_registry.h"
 #include "core/progress.h"
+#include "core/stream_order.h"
 #include "hmc/context.h"
 
 namespace hmc::core {
@@ -40,9 +41,23 @@ class ContextImpl {
   // The device provider that owns `ptr` (cpu for plain host memory).
   LoadedProvider* provider_of(const void* ptr) const;
 
+  // What HMC knows of the memory at [ptr, ptr+bytes).
+  struct MemInfo {
+    LoadedProvider* provider = nullptr;  // cpu for plain host memory
+    int device = 0;
+    bool device_mem = false;  // the CPU cannot touch it: move it with the provider's copy
+    uint64_t alloc_id = 0;    // unique per allocation, 0 for memory HMC did not allocate
+    AllocKind kind = AllocKind::kDefault;
+    const uint8_t* base = nullptr;  // the allocation's start, null when not HMC's
+    std::size_t alloc_bytes = 0;
+  };
+  MemInfo mem_info(const void* ptr, std::size_t bytes) const;
+
   // dst = a op b elementwise, on the device of dst (collectives use this).
   Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op);
   Status divide(void* buf, std::size_t count, DataType dtype, uint64_t divisor);
+
+  StreamRetirement& stream_retirement() { return *retirement_; }
 
   Result<UniqueId> create_unique_id();
   // Starts a bootstrap root on host:port for from_env's rank 0; kept alive with the context.
@@ -57,9 +72,12 @@ class ContextImpl {
     std::size_t bytes;
     LoadedProvider* provider;
     int device;
+    uint64_t id;
+    AllocKind kind;
+    bool device_mem;
   };
-  // The allocation holding [ptr, ptr+bytes), or null. Caller holds mu_.
-  const Allocation* find_allocation(const void* ptr, std::size_t bytes) const;
+  // The allocation holding [ptr, ptr+bytes) as {start, allocation}, or null. Caller holds mu_.
+  const std::pair<const uintptr_t, Allocation>* find_allocation(const void* ptr, std::size_t bytes) const;
   Config config_;
   std::shared_ptr<ProgressEngine> engine_ = std::make_shared<ProgressEngine>();
   std::unique_ptr<PluginRegistry> registry_;
@@ -68,7 +86,10 @@ class ContextImpl {
   mutable std::mutex mu_;
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
   std::atomic<uint64_t> free_generation_{0};
+  uint64_t next_alloc_id_ = 1;
   std::vector<std::unique_ptr<BootstrapRoot>> roots_;
+  // Declared after registry_: freed first, while the providers are still loaded.
+  std::unique_ptr<StreamRetirement> retirement_ = std::make_unique<StreamRetirement>();
 };
 
 // Reads provider `p`'s last error for messages.

@@ -71,6 +71,14 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   if (!p.lost.ok()) return Operation::failed(p.lost);
   auto op = std::make_shared<Operation>(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
+  const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
+  // Device bytes that travel inside a message are copied to the host first.
+  std::vector<uint8_t> host;
+  if (device && (!p.net || bytes <= eager_limit_)) {
+    host.resize(bytes);
+    if (Status s = ctx_.copy(host.data(), buf, bytes); !s.ok()) return Operation::failed(s);
+    data = host.data();
+  }
   if (!p.net) {  // self: deliver like an eager message that never leaves the process
     for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
       if (it->tag != tag) continue;
@@ -81,7 +89,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
       else op->complete(bytes);
       return op;
     }
-    p.unexpected.push_back({MsgType::kEager, tag, bytes, 0, std::vector<uint8_t>(data, data + bytes)});
+    p.unexpected.push_back({MsgType::kEager, tag, bytes, 0, 0, std::vector<uint8_t>(data, data + bytes)});
     op->complete(bytes);
     return op;
   }
@@ -93,8 +101,9 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
     return op;
   }
   uint64_t id = next_id_++;
-  p.rndv_sends[id] = {op, data, bytes};
-  post_msg(p, MsgType::kRts, tag, id, bytes, 0, nullptr, 0, [op](const Status& s) { if (!s.ok()) op->fail(s); });
+  p.rndv_sends[id] = {op, data, bytes, device};
+  post_msg(p, MsgType::kRts, tag, id, bytes, device ? kRtsFromDevice : 0, nullptr, 0,
+           [op](const Status& s) { if (!s.ok()) op->fail(s); });
   return op;
 }
 
@@ -104,12 +113,13 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
   Peer& p = peers_[peer];
   auto op = std::make_shared<Operation>(ctx_.engine());
   RecvOp r{op, static_cast<uint8_t*>(buf), bytes, tag, next_id_++};
+  r.device = bytes && ctx_.mem_info(buf, bytes).device_mem;
   for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
     if (it->tag != tag) continue;
     Unexpected u = std::move(*it);
     p.unexpected.erase(it);
     if (u.type == MsgType::kEager) deliver_eager(p, r, u.data.data(), u.size);
-    else start_rndv_recv(p, std::move(r), u.sender_id, u.size);
+    else start_rndv_recv(p, std::move(r), u.sender_id, u.size, u.aux);
     return op;
   }
   if (!p.lost.ok()) return Operation::failed(p.lost);  // nothing buffered and nothing more will come
@@ -122,17 +132,41 @@ void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_
     r.op->fail({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
     return;
   }
-  if (size) std::memcpy(r.buf, data, size);
+  if (Status s = copy_in(r.buf, data, size, r.device); !s.ok()) return r.op->fail(s);
   r.op->complete(size);
 }
 
-void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size) {
+Status CommImpl::copy_in(void* dst, const void* src, std::size_t bytes, bool device) {
+  if (device) return ctx_.copy(dst, src, bytes);
+  if (bytes) std::memcpy(dst, src, bytes);
+  return {};
+}
+
+void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags) {
   auto refuse = [&](Status why) {
+    if (r.staged) dev_.release(r.staged);
+    r.staged = nullptr;
     std::string text = why.message();
     post_msg(p, MsgType::kNak, 0, sender_id, size, static_cast<uint64_t>(why.code()), text.data(), text.size(), nullptr);
     r.op->fail(std::move(why));
   };
   if (size != r.bytes) return refuse({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
+  if (auto offer = ipc_offer(p, r, rts_flags)) {
+    r.offered_ipc = true;
+    std::vector<uint8_t> wire = encode_offer(*offer);
+    uint64_t id = r.id;
+    auto op = r.op;
+    p.rndv_recvs[id] = std::move(r);
+    post_msg(p, MsgType::kCtsIpc, 0, sender_id, size, id, wire.data(), wire.size(),
+             [op](const Status& s) { if (!s.ok()) op->fail(s); });
+    return;
+  }
+  r.offered_ipc = false;
+  if (r.device) {  // the data lands in pinned host memory, then moves to the device on FIN
+    auto staged = dev_.stage(ctx_.mem_info(r.buf, size), size);
+    if (!staged) return refuse(staged.status());
+    r.staged = staged.value();
+  }
   std::vector<uint8_t> rkey;
   if (Status s = register_recv(p, r, size, rkey); !s.ok()) return refuse(std::move(s));
   std::size_t len = rkey.size();
@@ -146,7 +180,8 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
 // provider may do real work per registration (shm maps shared memory on the peer). Any
 // free in the context flushes the idle entries, so a cached key never outlives its memory.
 Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey) {
-  const bool cacheable = ctx_.owns(r.buf, size);
+  uint8_t* target = r.staged ? r.staged : r.buf;
+  const bool cacheable = ctx_.owns(target, size);
   if (std::all_of(reg_cache_.begin(), reg_cache_.end(), [](const RegCacheEntry& e) { return e.stale && !e.in_use; }))
     reg_cache_.clear();
   if (cacheable) {
@@ -155,7 +190,7 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
       reg_cache_gen_ = gen;
     }
     for (auto& e : reg_cache_) {
-      if (e.net == p.net && e.ptr == r.buf && e.len == size && !e.stale) {
+      if (e.net == p.net && e.ptr == target && e.len == size && !e.stale) {
         ++e.in_use;
         r.cached = &e - reg_cache_.data() + 1;
         rkey = e.rkey;
@@ -164,7 +199,7 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
     }
   }
   void* mr = nullptr;
-  if (int rc = p.net->net->reg_mem(p.net->state, r.buf, size, HMC_MEM_HOST, &mr); rc != 0)
+  if (int rc = p.net->net->reg_mem(p.net->state, target, size, HMC_MEM_HOST, &mr); rc != 0)
     return from_provider(rc, nullptr, "registering the receive buffer with " + p.net->name);
   rkey.resize(HMC_NET_RKEY_MAX);
   std::size_t len = 0;
@@ -174,7 +209,7 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
   }
   rkey.resize(len);
   if (cacheable && reg_cache_.size() < kRegCacheMax) {
-    reg_cache_.push_back({p.net, r.buf, size, mr, rkey, 1, false});
+    reg_cache_.push_back({p.net, target, size, mr, rkey, 1, false});
     r.cached = reg_cache_.size();
   } else {
     r.mr = mr;
@@ -185,6 +220,8 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
 void CommImpl::release_recv(Peer& p, RecvOp& r) {
   if (r.mr) p.net->net->dereg_mem(p.net->state, r.mr);
   r.mr = nullptr;
+  if (r.staged) dev_.release(r.staged);
+  r.staged = nullptr;
   if (r.cached) {
     RegCacheEntry& e = reg_cache_[r.cached - 1];
     --e.in_use;
@@ -217,17 +254,98 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   if (it == p.rndv_sends.end()) return;
   SendOp s = it->second;
   p.rndv_sends.erase(it);
+  const uint8_t* src = s.buf;
+  if (s.device) {  // device bytes go to pinned host memory first, then over the net
+    auto staged = dev_.stage(ctx_.mem_info(s.buf, s.bytes), s.bytes);
+    Status st = staged ? ctx_.copy(staged.value(), s.buf, s.bytes) : staged.status();
+    if (!st.ok()) {
+      if (staged) dev_.release(staged.value());
+      std::string text = st.message();
+      post_msg(p, MsgType::kCtsRefused, 0, h.aux, 0, static_cast<uint64_t>(st.code()), text.data(), text.size(), nullptr);
+      return s.op->fail(st);
+    }
+    src = staged.value();
+  }
   // Two parts: the put and the FIN behind it; the send is done when both are.
   auto parts = std::make_shared<int>(2);
   auto op = s.op;
-  auto part_done = [op, parts, bytes = s.bytes](const Status& st) {
+  // The staging buffer is free again once both parts ended, whichever way.
+  auto part_done = [this, op, parts, bytes = s.bytes, staged = src != s.buf ? const_cast<uint8_t*>(src) : nullptr](const Status& st) {
     if (!st.ok()) op->fail(st);
-    else if (--*parts == 0) op->complete(bytes);
+    if (--*parts > 0) return;
+    if (staged) dev_.release(staged);
+    op->complete(bytes);  // a no-op after a failure
   };
   void* req = nullptr;
-  int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
+  int rc = p.net->net->put(p.net->state, p.conn, src, s.bytes, nullptr, rkey, rkey_len, 0, &req);
   track(p, rc, req, part_done, "put");
   post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
+}
+
+void CommImpl::finish_rndv_recv(Peer& p, uint64_t id, uint64_t size) {
+  auto it = p.rndv_recvs.find(id);
+  if (it == p.rndv_recvs.end()) return;
+  RecvOp& r = it->second;
+  Status s = r.staged ? ctx_.copy(r.buf, r.staged, size) : Status{};
+  release_recv(p, r);
+  if (s.ok()) r.op->complete(size);
+  else r.op->fail(s);
+  p.rndv_recvs.erase(it);
+}
+
+// Offer the receive buffer as IPC memory when the sender shares this host, one side holds
+// device memory, and the sender has the provider that exported it.
+std::optional<IpcOffer> CommImpl::ipc_offer(const Peer& p, const RecvOp& r, uint64_t rts_flags) {
+  if (!p.ipc_ok || !(r.device || (rts_flags & kRtsFromDevice))) return std::nullopt;
+  auto offer = dev_.offer(r.buf, r.bytes);
+  if (!offer) return std::nullopt;
+  bool peer_has = offer->provider == "cpu" ||
+                  std::any_of(p.card.devices.begin(), p.card.devices.end(),
+                              [&](const DeviceInfo& d) { return d.id.provider == offer->provider; });
+  return peer_has ? offer : std::nullopt;
+}
+
+void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len) {
+  auto it = p.rndv_sends.find(h.id);
+  if (it == p.rndv_sends.end()) return;
+  auto offer = decode_offer(payload, len);
+  Status s = offer ? dev_.write(p.rank, offer.value(), it->second.buf, it->second.bytes) : offer.status();
+  if (s.code() == ErrorCode::kUnsupported) {
+    // This process cannot import the peer's memory: ask for a plain CTS and stop offering.
+    HMC_LOG("core", info, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
+    p.ipc_ok = false;
+    std::string text = s.message();
+    return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);
+  }
+  SendOp op = it->second;
+  p.rndv_sends.erase(it);
+  if (!s.ok()) {
+    std::string text = s.message();
+    post_msg(p, MsgType::kCtsRefused, 0, h.aux, 0, static_cast<uint64_t>(s.code()), text.data(), text.size(), nullptr);
+    return op.op->fail(s);
+  }
+  post_msg(p, MsgType::kFin, 0, h.aux, op.bytes, 0, nullptr, 0, [op = op.op, bytes = op.bytes](const Status& st) {
+    if (st.ok()) op->complete(bytes);
+    else op->fail(st);
+  });
+}
+
+void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len) {
+  auto it = p.rndv_recvs.find(h.id);
+  if (it == p.rndv_recvs.end()) return;
+  std::string why(payload, payload + len);
+  if (h.aux != 0) {  // the sender failed: so does this receive
+    release_recv(p, it->second);
+    it->second.op->fail({static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " could not send: " + why});
+    p.rndv_recvs.erase(it);
+    return;
+  }
+  // Offer the buffer again without IPC; the refusal carries the sender's op id in size.
+  RecvOp r = std::move(it->second);
+  p.rndv_recvs.erase(it);
+  p.ipc_ok = false;
+  const uint64_t sender_id = h.size, size = r.bytes;
+  start_rndv_recv(p, std::move(r), sender_id, size, 0);
 }
 
 void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
@@ -246,22 +364,17 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
         RecvOp r = std::move(*it);
         p.posted.erase(it);
         if (eager) deliver_eager(p, r, payload, payload_len);
-        else start_rndv_recv(p, std::move(r), h.id, h.size);
+        else start_rndv_recv(p, std::move(r), h.id, h.size, h.aux);
         return;
       }
-      p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id,
+      p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id, h.aux,
                               eager ? std::vector<uint8_t>(payload, payload + payload_len) : std::vector<uint8_t>{}});
       return;
     }
     case MsgType::kCts: return on_cts(p, h, payload, payload_len);
-    case MsgType::kFin: {
-      auto it = p.rndv_recvs.find(h.id);
-      if (it == p.rndv_recvs.end()) return;
-      release_recv(p, it->second);
-      it->second.op->complete(h.size);
-      p.rndv_recvs.erase(it);
-      return;
-    }
+    case MsgType::kCtsIpc: return on_cts_ipc(p, h, payload, payload_len);
+    case MsgType::kCtsRefused: return on_cts_refused(p, h, payload, payload_len);
+    case MsgType::kFin: return finish_rndv_recv(p, h.id, h.size);
     case MsgType::kNak: {
       auto it = p.rndv_sends.find(h.id);
       if (it == p.rndv_sends.end()) return;
@@ -354,11 +467,16 @@ Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
   HMC_RETURN_IF_ERROR(usable());
   if (!ptr || bytes == 0) return Status(ErrorCode::kInvalidArgument, "register_memory needs a non-null pointer and a size > 0");
   auto reg = std::make_unique<Registration>(ptr, bytes);
-  int kind = ctx_.device_of(ptr).provider == "cpu" ? HMC_MEM_HOST : HMC_MEM_DEVICE;
+  const bool device = ctx_.mem_info(ptr, bytes).device_mem;
   std::vector<LoadedProvider*> used;
   for (auto& p : peers_)
     if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);
-  for (LoadedProvider* n : used) HMC_RETURN_IF_ERROR(reg->add(n, kind));
+  for (LoadedProvider* n : used) {
+    if (device && !(n->net->caps & (HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)))
+      return Status(ErrorCode::kUnsupported, "one-sided puts into device memory need a net provider that touches it; " +
+                                                 n->name + " reaches only host memory (send/recv stage device memory)");
+    HMC_RETURN_IF_ERROR(reg->add(n, device ? HMC_MEM_DEVICE : HMC_MEM_HOST));
+  }
   return MemoryRegion(std::move(reg));
 }
 
@@ -383,7 +501,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     std::memcpy(&pid, self->data(), 8);
     std::memcpy(&addr, self->data() + 8, 8);
     if (pid != getpid()) return Operation::failed({ErrorCode::kInvalidArgument, "remote key belongs to another process, not this rank"});
-    if (bytes) std::memcpy(reinterpret_cast<uint8_t*>(addr) + offset, src, bytes);
+    if (Status s = ctx_.copy(reinterpret_cast<uint8_t*>(addr) + offset, src, bytes); !s.ok()) return Operation::failed(s);
     if (notify) p.notifications.push_back(*notify);
     op->complete(bytes);
     return op;
@@ -391,12 +509,19 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   const auto* rkey = k->find(p.path.provider);
   if (!rkey) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no entry for " + p.path.provider +
                                                                          " (registered by another communicator?)"});
+  // A device source is copied to the host first; the copy lives until the put is done.
+  std::shared_ptr<std::vector<uint8_t>> host;
+  if (bytes && ctx_.mem_info(src, bytes).device_mem) {
+    host = std::make_shared<std::vector<uint8_t>>(bytes);
+    if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
+    src = host->data();
+  }
   auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
   if (*parts == 0) {
     op->complete(0);
     return op;
   }
-  auto part_done = [op, parts, bytes](const Status& st) {
+  auto part_done = [op, parts, bytes, host](const Status& st) {
     if (!st.ok()) op->fail(st);
     else if (--*parts == 0) op->complete(bytes);
   };

@@ -99,4 +99,26 @@ Result<PathInfo> negotiate_path(const Card& me, const Card& peer, const PathPoli
   return info;
 }
 
+std::string device_path(const Card& me, const Card& peer, const std::string& provider) {
+  if (provider == "self") return "copied by the device's provider";
+  std::string staged = "staged through pinned host memory over " + provider;
+  if (me.host_id != peer.host_id) return staged;
+  auto vendors = [](const Card& c) {
+    std::vector<std::string> out;
+    for (const auto& d : c.devices)
+      if (d.mem_kind == MemKind::kDevice && std::find(out.begin(), out.end(), d.id.provider) == out.end())
+        out.push_back(d.id.provider);
+    return out;
+  };
+  std::vector<std::string> common;
+  for (const auto& v : vendors(me)) {
+    auto theirs = vendors(peer);
+    if (std::find(theirs.begin(), theirs.end(), v) != theirs.end()) common.push_back(v);
+  }
+  if (common.empty()) return "host memory allocated shareable is written through IPC; other device memory is " + staged;
+  std::string names;
+  for (const auto& v : common) names += (names.empty() ? "" : ", ") + v;
+  return "IPC for " + names + " memory and shareable host memory; other device memory is " + staged;
+}
+
 }  // namespace hmc::core

@@ -21,5 +21,8 @@ struct PathPolicy {
 double path_cost_us(double latency_us, double bandwidth_gbps, double bytes);
 
 Result<PathInfo> negotiate_path(const Card& me, const Card& peer, const PathPolicy& policy);
+// How device memory reaches `peer` over the chosen net `provider`, in words: IPC for the
+// device providers both sides of one host have, host staging otherwise.
+std::string device_path(const Card& me, const Card& peer, const std::string& provider);
 
 }  // namespace hmc::core

@@ -63,6 +63,56 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
   }
 }
 
+void ProgressEngine::close() {
+  closed_ = true;
+  {
+    std::lock_guard lock(mu_);
+    cv_.notify_all();
+  }
+  wake();
+  if (background_.joinable() && background_.get_id() != std::this_thread::get_id()) background_.join();
+}
+
+ProgressEngine::~ProgressEngine() {
+  closed_ = true;
+  {
+    std::lock_guard lock(mu_);
+    cv_.notify_all();
+  }
+  if (background_.joinable()) {
+    if (background_.get_id() == std::this_thread::get_id()) background_.detach();
+    else background_.join();
+  }
+}
+
+void ProgressEngine::hold() {
+  std::lock_guard lock(mu_);
+  ++holds_;
+  if (!background_.joinable() && !closed_) background_ = std::thread([this] { background_loop(); });
+  cv_.notify_all();
+}
+
+void ProgressEngine::release() {
+  std::lock_guard lock(mu_);
+  --holds_;
+}
+
+void ProgressEngine::background_loop() {
+  int idle = 0;
+  while (!closed_) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return holds_ > 0 || closed_; });
+    }
+    if (closed_) return;
+    // Busy while work moves, then yields, then naps: a pending stream operation may wait
+    // on a peer for a long time.
+    if (progress()) idle = 0;
+    else if (++idle < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 std::shared_ptr<Operation> Operation::failed(Status s) {
   auto op = std::make_shared<Operation>(nullptr);
   op->fail(std::move(s));

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "hmc/request.h"
@@ -41,7 +42,13 @@ class ProgressEngine {
   void wake();
   // Runs progress until done() or the deadline; false on deadline.
   bool wait_until(const std::function<bool()>& done, Clock::time_point deadline);
-  void close() { closed_ = true; wake(); }
+  // Closes the engine: waiters return, the background thread (if any) ends.
+  void close();
+  // While held, a background thread drives progress: stream-ordered operations must
+  // complete even when nobody waits on them (core/stream_order.h).
+  void hold();
+  void release();
+  ~ProgressEngine();
   // HMC_TIMEOUT, for Request::wait() without an argument.
   std::chrono::milliseconds default_timeout{60000};
   bool closed() const { return closed_; }
@@ -54,6 +61,9 @@ class ProgressEngine {
   std::atomic<uint64_t> wakes_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> closed_{false};
+  int holds_ = 0;  // guarded by mu_
+  std::thread background_;
+  void background_loop();
 };
 
 // The shared state of one non-blocking operation.

@@ -15,7 +15,13 @@ enum class MsgType : uint32_t {
   kFin,        // rendezvous data landed: id = receiver's op, size
   kNak,        // receiver refused: id = sender's op; payload = reason text
   kNotify,     // put notification: aux = value
+  kCtsIpc,     // clear to send into IPC memory: like kCts, payload = IpcOffer (core/device_path.h)
+  kCtsRefused, // sender cannot use a CTS: id = receiver's op, size = sender's op; aux = 0:
+               // send a plain kCts instead, else the ErrorCode that fails the receive;
+               // payload = reason text
 };
+// kRts aux bit: the sender's buffer is device memory (the receiver may offer IPC memory).
+inline constexpr uint64_t kRtsFromDevice = 1;
 
 struct WireHeader {
   uint32_t magic;

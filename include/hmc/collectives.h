@@ -34,6 +34,12 @@ struct CollOptions {
   // cost of one small exchange; a mismatch fails every rank with kMismatch. Default:
   // HMC_COLL_CHECK.
   std::optional<bool> check;
+  // A stream of the buffers' device provider (a cudaStream_t for cuda), or null. With a
+  // stream the collective starts after the work queued on it before the call, and work
+  // queued on it after the call waits for the collective; the calling thread does not
+  // block (the same contract as NCCL). HMC drives such collectives on a background
+  // thread, so nobody needs to wait on the Request, which still reports errors.
+  void* stream = nullptr;
 };
 
 Request all_reduce(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
@@ -71,7 +77,8 @@ class Group {
   explicit Group(Communicator& comm) : comm_(comm) {}
   Group& send(const void* buf, std::size_t count, DataType dtype, int peer);
   Group& recv(void* buf, std::size_t count, DataType dtype, int peer);
-  Request end();
+  // opt.stream orders the group on a device stream (CollOptions::stream).
+  Request end(const CollOptions& opt = {});
 
  private:
   struct Item {

@@ -36,6 +36,7 @@ struct PathInfo {
   int peer = -1;
   std::string provider;  // the chosen one
   std::string reason;    // why it won (or was forced by HMC_PATH)
+  std::string device_path;  // how device memory moves to this peer (IPC, or staged through host)
   std::vector<PathCandidate> candidates;  // best first, unusable last
 };
 

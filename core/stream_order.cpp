@@ -1,0 +1,100 @@
+#include "core/stream_order.h"
+
+#include <thread>
+
+#include "core/context_impl.h"
+#include "core/log.h"
+
+namespace hmc::core {
+
+Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, LoadedProvider* p, int device, void* stream) {
+  constexpr uint64_t kNeed = HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_STREAM_FLAGS;
+  if ((p->dev->caps & kNeed) != kNeed)
+    return Status(ErrorCode::kUnsupported, "device provider " + p->name +
+                                               " cannot order operations on a stream (needs streams and stream flags)");
+  ctx.stream_retirement().sweep();
+  std::shared_ptr<StreamOrder> o(new StreamOrder(ctx, p));
+  auto fail = [&](const char* what) {
+    o->finished_ = true;  // nothing queued on the stream waits yet: just free what was made
+    return Status(ErrorCode::kInternal, std::string(what) + " on " + p->name + " failed: " + provider_error(*p));
+  };
+  const auto* d = p->dev;
+  if (d->event_create(p->state, device, &o->before_) != 0) return fail("creating an event");
+  if (d->event_record(p->state, o->before_, stream) != 0) return fail("recording an event on the stream");
+  if (d->flag_alloc(p->state, device, &o->flag_) != 0) return fail("allocating a stream flag");
+  *o->flag_ = 0;
+  if (d->event_create(p->state, device, &o->after_) != 0) return fail("creating an event");
+  if (d->stream_wait_flag(p->state, stream, o->flag_, 1) != 0) return fail("queueing a flag wait on the stream");
+  // Recorded behind the wait: once it completes, the flag may be freed.
+  if (d->event_record(p->state, o->after_, stream) != 0) {
+    Status s = fail("recording an event behind the flag wait");
+    __atomic_store_n(o->flag_, 1u, __ATOMIC_RELEASE);
+    o->flag_ = nullptr;  // the stream may read it at any time: never freed
+    return s;
+  }
+  o->finished_ = false;
+  ctx.engine()->hold();
+  return o;
+}
+
+StreamOrder::~StreamOrder() {
+  if (!finished_) {
+    finish();
+    return;
+  }
+  // Never reached the stream: free here. After finish() the retirement list owns them.
+  if (flag_ || before_ || after_) ctx_.stream_retirement().add(p_, flag_, after_, before_);
+}
+
+bool StreamOrder::ready() {
+  int rc = p_->dev->event_query(p_->state, before_);
+  if (rc < 0) HMC_LOG("core", warn, "querying a stream event on {} failed: {}", p_->name, provider_error(*p_));
+  return rc != 1;
+}
+
+void StreamOrder::finish() {
+  if (finished_) return;
+  finished_ = true;
+  __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE);
+  ctx_.stream_retirement().add(p_, flag_, after_, before_);
+  flag_ = nullptr;
+  after_ = before_ = nullptr;
+  ctx_.engine()->release();
+}
+
+StreamRetirement::~StreamRetirement() {
+  // The context is going away: give streams a moment to pass their waits, then free.
+  auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until) {
+    sweep();
+    std::lock_guard lock(mu_);
+    if (entries_.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard lock(mu_);
+  for (auto& e : entries_) {
+    if (e.before) e.p->dev->event_destroy(e.p->state, e.before);
+    if (e.after) e.p->dev->event_destroy(e.p->state, e.after);
+    // A stream still waiting on this flag would read freed memory: keep it.
+    HMC_LOG("core", warn, "a device stream had not passed an HMC flag at context destruction; leaking the flag");
+  }
+}
+
+void StreamRetirement::add(LoadedProvider* p, volatile uint32_t* flag, void* after, void* before) {
+  std::lock_guard lock(mu_);
+  entries_.push_back({p, flag, after, before});
+}
+
+void StreamRetirement::sweep() {
+  std::lock_guard lock(mu_);
+  std::erase_if(entries_, [](Entry& e) {
+    const auto* d = e.p->dev;
+    if (e.after && d->event_query(e.p->state, e.after) == 1) return false;
+    if (e.before) d->event_destroy(e.p->state, e.before);
+    if (e.after) d->event_destroy(e.p->state, e.after);
+    if (e.flag) d->flag_free(e.p->state, e.flag);
+    return true;
+  });
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,64 @@
+// StreamOrder: ties one operation to a device stream the application gave (the NCCL
+// contract). The operation starts once the work queued on the stream before the call has
+// finished (an event recorded at the call), and work queued on the stream after the call
+// waits for the operation (the stream waits on a host flag that finish() sets). No host
+// thread blocks: the context's progress engine runs a background thread while any
+// stream-ordered operation is pending, since nobody may ever wait on its Request.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/plugin_registry.h"
+#include "core/progress.h"
+#include "hmc/status.h"
+
+namespace hmc::core {
+
+class ContextImpl;
+
+class StreamOrder {
+ public:
+  // Records the event and queues the wait on `stream` of `provider`'s `device`.
+  static Result<std::shared_ptr<StreamOrder>> create(ContextImpl& ctx, LoadedProvider* provider, int device,
+                                                     void* stream);
+  ~StreamOrder();
+  StreamOrder(const StreamOrder&) = delete;
+  StreamOrder& operator=(const StreamOrder&) = delete;
+
+  // The work queued before the call has finished (or the event failed: start anyway,
+  // the operation's own error handling applies).
+  bool ready();
+  // Lets the stream's later work run; call once the operation ended, whichever way.
+  void finish();
+
+ private:
+  StreamOrder(ContextImpl& ctx, LoadedProvider* p) : ctx_(ctx), p_(p) {}
+  ContextImpl& ctx_;
+  LoadedProvider* p_;
+  void* before_ = nullptr;  // recorded at the call: the work the operation waits for
+  void* after_ = nullptr;   // recorded behind the flag wait: done once the stream passed it
+  volatile uint32_t* flag_ = nullptr;
+  bool finished_ = false;
+};
+
+// Flags and events of finished operations, freed once their stream has passed the wait.
+class StreamRetirement {
+ public:
+  ~StreamRetirement();
+  void add(LoadedProvider* p, volatile uint32_t* flag, void* after, void* before);
+  void sweep();
+
+ private:
+  struct Entry {
+    LoadedProvider* p;
+    volatile uint32_t* flag;
+    void* after;
+    void* before;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace hmc::core

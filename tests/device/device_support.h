@@ -1,0 +1,54 @@
+// Helpers of the device test suite: which device provider is under test, device buffers
+// filled and read back through Context::copy (a test never touches device memory), and
+// the provider's own stream functions for stream-ordering tests.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hmc/hmc.h"
+#include "multiprocess.h"
+
+namespace hmc::test {
+
+// The provider under test (HMCTEST_DEVICE), e.g. "emu" or "cuda".
+std::string device_under_test();
+// Empty when it is available here, else why not.
+std::string device_unavailable_reason();
+// The device rank `rank` uses: index rank % device count.
+DeviceId device_for(Context& ctx, int rank);
+
+// A buffer on a device (or on the host for DeviceId{"cpu", 0}) with a host mirror.
+struct DevBuf {
+  Context* ctx = nullptr;
+  Memory mem;
+  std::vector<uint8_t> host;
+  std::unique_ptr<void, void (*)(void*)> plain{nullptr, &std::free};  // host memory HMC did not allocate
+
+  static Result<DevBuf> make(Context& ctx, const DeviceId& dev, std::size_t bytes, AllocKind kind = AllocKind::kDefault);
+  void* ptr() { return mem.data() ? mem.data() : plain.get(); }
+  Status push();  // host mirror -> buffer
+  Status pull();  // buffer -> host mirror
+};
+
+// Provider stream functions, through the loaded provider table.
+struct DeviceStream {
+  Context* ctx = nullptr;
+  void* stream = nullptr;
+  static Result<DeviceStream> create(Context& ctx, const DeviceId& dev);
+  ~DeviceStream();
+  DeviceStream(DeviceStream&& o) noexcept : ctx(o.ctx), stream(o.stream) { o.stream = nullptr; }
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  DeviceStream() = default;
+  Status copy_async(void* dst, const void* src, std::size_t bytes);
+  // Polls until the stream is idle or the deadline passes.
+  Status synchronize(std::chrono::milliseconds deadline);
+  bool idle();
+};
+
+}  // namespace hmc::test

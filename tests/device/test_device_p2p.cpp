@@ -1,0 +1,130 @@
+// Point-to-point with device buffers, in real processes: IPC between device memories of
+// one host, host staging where IPC cannot work (ranks that look like two hosts), device
+// to plain and to shareable host memory, eager and rendezvous sizes, unexpected messages.
+// Every byte is checked after a round trip through Context::copy.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "device_support.h"
+
+using namespace hmc;
+using namespace hmc::test;
+
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(60);
+const std::size_t kSizes[] = {1, 4096, 64 * 1024 + 3, 1 << 20, 6 * (1 << 20) + 5};
+
+// Where each side of a transfer keeps its buffer.
+enum class Side { kDevice, kPlainHost, kShareableHost };
+
+Result<DevBuf> buffer(Context& ctx, int rank, Side side, std::size_t bytes) {
+  switch (side) {
+    case Side::kDevice: return DevBuf::make(ctx, device_for(ctx, rank), bytes);
+    case Side::kPlainHost: return DevBuf::make(ctx, {"cpu", 0}, bytes);
+    case Side::kShareableHost: return DevBuf::make(ctx, {"cpu", 0}, bytes, AllocKind::kShareable);
+  }
+  return Status(ErrorCode::kInvalidArgument, "side");
+}
+
+// Rank 0 sends every size from a `from` buffer, rank 1 receives into a `to` buffer; then
+// the other way round. With `late_recv` the receiver posts after the message arrived.
+int exchange(RankEnv& e, Side from, Side to, bool late_recv) {
+  for (int round = 0; round < 2; ++round) {
+    const int sender = round, receiver = 1 - round;
+    for (std::size_t n : kSizes) {
+      const uint64_t seed = n * 7 + round;
+      if (e.rank == sender) {
+        auto b = buffer(e.ctx, e.rank, from, n);
+        HMC_EXPECT(b.ok(), b.status().to_string());
+        b->host = random_bytes(n, seed);
+        HMC_EXPECT_OK(b->push());
+        HMC_EXPECT_OK(e.comm.send(b->ptr(), n, receiver, seed));
+      } else if (e.rank == receiver) {
+        auto b = buffer(e.ctx, e.rank, to, n);
+        HMC_EXPECT(b.ok(), b.status().to_string());
+        b->host.assign(n, 0xEE);
+        HMC_EXPECT_OK(b->push());
+        if (late_recv) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        Status s = e.comm.irecv(b->ptr(), n, sender, seed).wait(kWait);
+        HMC_EXPECT(s.ok(), "receive of " + std::to_string(n) + " bytes: " + s.to_string());
+        HMC_EXPECT_OK(b->pull());
+        HMC_EXPECT(b->host == random_bytes(n, seed), "wrong bytes after a transfer of " + std::to_string(n));
+      }
+    }
+  }
+  return 0;
+}
+
+void run_exchange(const std::map<std::string, std::string>& settings, Side from, Side to, bool late = false) {
+  auto exits = run_ranks(2, settings, [&](RankEnv& e) { return exchange(e, from, to, late); }, kWait);
+  REQUIRE(all_ok(exits));
+  INFO(describe(exits));
+}
+
+}  // namespace
+
+TEST_CASE("device to device on one host (IPC)", "[device][p2p]") {
+  run_exchange({}, Side::kDevice, Side::kDevice);
+  run_exchange({}, Side::kDevice, Side::kDevice, true);
+}
+
+TEST_CASE("device to device staged through host memory (ranks on two 'hosts')", "[device][p2p]") {
+  // Distinct host ids rule IPC and shm out: tcp carries staged copies.
+  run_exchange({{"HMC_HOST_ID", "host-{rank}"}}, Side::kDevice, Side::kDevice);
+}
+
+TEST_CASE("device to and from plain host memory (staged)", "[device][p2p]") {
+  run_exchange({}, Side::kDevice, Side::kPlainHost);
+  run_exchange({}, Side::kPlainHost, Side::kDevice);
+}
+
+TEST_CASE("device to and from shareable host memory (IPC)", "[device][p2p]") {
+  run_exchange({}, Side::kDevice, Side::kShareableHost);
+  run_exchange({}, Side::kShareableHost, Side::kDevice, true);
+}
+
+TEST_CASE("the path names how device memory moves", "[device][p2p]") {
+  auto exits = run_ranks(2, {}, [](RankEnv& e) {
+    const PathInfo& p = e.comm.path(1 - e.rank);
+    HMC_EXPECT(p.device_path.find("IPC for " + device_under_test()) != std::string::npos, p.device_path);
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
+}
+
+TEST_CASE("one-sided put from device memory and into device memory", "[device][p2p]") {
+  auto exits = run_ranks(2, {}, [](RankEnv& e) {
+    const std::size_t n = 300000;
+    auto dev = buffer(e.ctx, e.rank, Side::kDevice, n);
+    HMC_EXPECT(dev.ok(), dev.status().to_string());
+    // Registering device memory for puts needs a net provider that touches it.
+    auto reg = e.comm.register_memory(dev->ptr(), n);
+    HMC_EXPECT(!reg.ok() && reg.status().code() == ErrorCode::kUnsupported, reg.status().to_string());
+    // A device source is staged: rank 0 puts into rank 1's host region.
+    std::vector<uint8_t> target(n, 0);
+    auto mr = e.comm.register_memory(target.data(), n);
+    HMC_EXPECT(mr.ok(), mr.status().to_string());
+    RemoteKey mine = mr->pack(), theirs;
+    uint64_t len = mine.bytes.size(), their_len = 0;
+    HMC_EXPECT_OK(e.comm.send(&len, sizeof(len), 1 - e.rank, 2));
+    HMC_EXPECT_OK(e.comm.recv(&their_len, sizeof(their_len), 1 - e.rank, 2));
+    theirs.bytes.resize(their_len);
+    HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), 1 - e.rank, 1));
+    HMC_EXPECT_OK(e.comm.recv(theirs.bytes.data(), theirs.bytes.size(), 1 - e.rank, 1));
+    if (e.rank == 0) {
+      dev->host = random_bytes(n, 99);
+      HMC_EXPECT_OK(dev->push());
+      HMC_EXPECT_OK(e.comm.put(1, dev->ptr(), n, theirs, 0, 5).wait(kWait));
+    } else {
+      auto v = e.comm.wait_notify(0, std::chrono::seconds(30));
+      HMC_EXPECT(v.ok() && v.value() == 5, v.status().to_string());
+      HMC_EXPECT(target == random_bytes(n, 99), "put from device memory landed wrong");
+    }
+    HMC_EXPECT_OK(e.comm.barrier());
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
+}
