@@ -6,6 +6,7 @@ packages=(
   libboost-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
   iproute2 procps
   libopenmpi-dev openmpi-bin libgloo-dev
+  libucx-dev ucx-utils
 )
 missing=()
 for p in "${packages[@]}"; do

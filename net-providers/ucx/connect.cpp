@@ -1,0 +1,241 @@
+// Listeners, connect and accept: the lifeline sockets and their handshakes.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "provider.h"
+
+namespace hmc_ucx {
+
+int Provider::listen(const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len,
+                     void** listener) {
+  if (addr == nullptr || addr_len == nullptr || listener == nullptr) return HMC_PROV_ERR_INVALID;
+  const std::string hint = host_hint != nullptr ? host_hint : "";
+  const std::string bind = !bind_addr_.empty() ? bind_addr_ : !hint.empty() ? hint : "0.0.0.0";
+  uint16_t port = port_;
+  std::string why;
+  int fd = listen_socket(bind, port, why);
+  if (fd < 0) {
+    host_.log(HMC_LOG_WARN, "listen failed: " + why);
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  // Peers cannot dial 0.0.0.0: publish the hint, or loopback without one.
+  std::string published = bind == "0.0.0.0" || bind == "::" ? (hint.empty() ? "127.0.0.1" : hint) : bind;
+  published = format_addr(published, port);
+  if (published.size() > addr_cap || published.size() > HMC_NET_ADDR_MAX) {
+    close(fd);
+    return HMC_PROV_ERR_INVALID;
+  }
+  auto l = std::make_unique<Listener>();
+  l->fd = fd;
+  l->addr = published;
+  void* handle = l.get();
+  std::unique_lock lock(mu_);
+  watch(fd, watch_tag(kListen, reinterpret_cast<uintptr_t>(handle)), EPOLLIN);
+  listeners_.emplace(handle, std::move(l));
+  std::memcpy(addr, published.data(), published.size());
+  *addr_len = published.size();
+  *listener = handle;
+  host_.log(HMC_LOG_DEBUG, "listening on " + published);
+  return HMC_PROV_OK;
+}
+
+int Provider::close_listener(void* listener) {
+  std::unique_lock lock(mu_);
+  auto it = listeners_.find(listener);
+  if (it == listeners_.end()) return HMC_PROV_ERR_CLOSED;
+  close(it->second->fd);  // also leaves the epoll set
+  // Connections it accepted but nobody took: closed.
+  for (uint32_t id : it->second->ready) {
+    auto c = conns_.find(id);
+    if (c == conns_.end()) continue;
+    fail(*c->second, HMC_PROV_ERR_CLOSED, "listener closed");
+    retire(std::move(c->second));
+    conns_.erase(c);
+  }
+  for (auto& [id, c] : conns_)
+    if (c->listener == listener) c->listener = nullptr;
+  listeners_.erase(it);
+  return HMC_PROV_OK;
+}
+
+void Provider::handle_listener(Listener& l) {
+  for (;;) {
+    int fd = accept4(l.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    auto c = std::make_unique<Conn>();
+    c->id = next_conn_++;
+    c->cookie = random64();
+    c->fd = fd;
+    c->peer = peer_name(fd);
+    c->listener = &l;
+    watch(fd, watch_tag(kSocket, c->id), EPOLLIN | EPOLLRDHUP);
+    conns_.emplace(c->id, std::move(c));
+  }
+}
+
+int Provider::connect(const void* addr, size_t addr_len, const void* hello, size_t hello_len,
+                      void** conn) {
+  if (addr == nullptr || conn == nullptr || addr_len == 0 || addr_len > HMC_NET_ADDR_MAX ||
+      hello_len > HMC_NET_HELLO_MAX || (hello == nullptr && hello_len > 0)) {
+    return HMC_PROV_ERR_INVALID;
+  }
+  const std::string text(static_cast<const char*>(addr), addr_len);
+  std::string why;
+  int fd = connect_socket(text, why);
+  if (fd < 0) {
+    host_.log(HMC_LOG_WARN, "connect: " + why);
+    return errno == EINVAL || why.find("not a ucx address") != std::string::npos
+               ? HMC_PROV_ERR_INVALID
+               : HMC_PROV_ERR_REFUSED;
+  }
+  auto c = std::make_unique<Conn>();
+  c->connector = true;
+  c->fd = fd;
+  c->peer = text;
+  std::unique_lock lock(mu_);
+  c->id = next_conn_++;
+  c->cookie = random64();
+  Handshake h;
+  h.conn = c->id;
+  h.cookie = c->cookie;
+  h.hello.assign(static_cast<const char*>(hello), static_cast<const char*>(hello) + hello_len);
+  h.worker = worker_addr_;
+  c->out = encode(h);
+  *conn = reinterpret_cast<void*>(static_cast<uintptr_t>(c->id));
+  watch(fd, watch_tag(kSocket, c->id), EPOLLOUT | EPOLLIN | EPOLLRDHUP);
+  conns_.emplace(c->id, std::move(c));
+  return HMC_PROV_OK;
+}
+
+// Lifeline traffic: the handshake each way, then only the end of the peer.
+void Provider::handle_socket(Conn& c, uint32_t events) {
+  if (c.fd < 0) return;
+  if (!c.out.empty() && (events & (EPOLLOUT | EPOLLIN))) {
+    ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+    if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+  }
+  bool eof = false;
+  int err = 0;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    if (n > 0 && c.state == Conn::kHandshake) {
+      c.in.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    eof = n == 0;
+    err = n < 0 ? errno : n > 0 ? EPROTO : 0;
+    break;
+  }
+  if (c.state == Conn::kHandshake && c.ep != nullptr && !c.in.empty()) {
+    // Acceptor: the connector's endpoint is up too. Only now may the host get
+    // the connection (and perhaps exit): the connector is already done.
+    c.state = Conn::kOpen;
+    c.in.clear();
+    pending_.insert(c.id);
+    auto it = listeners_.find(c.listener);
+    if (it != listeners_.end()) it->second->ready.push_back(c.id);
+    wake_later();
+  }
+  if (c.state == Conn::kHandshake && c.ep == nullptr) {
+    Handshake h;
+    size_t used = 0;
+    std::string why;
+    int rc = decode(c.in, HMC_NET_HELLO_MAX, h, used, why);
+    if (rc < 0) {
+      host_.log(HMC_LOG_WARN, "refused a connection from " + c.peer + ": " + why);
+      fail(c, HMC_PROV_ERR_REFUSED, why + " (" + c.peer + ")");
+      return;
+    }
+    if (rc == 0 && !finish_handshake(c, h)) return;
+    if (c.state == Conn::kHandshake && (eof || err)) {
+      fail(c, HMC_PROV_ERR_REFUSED,
+           std::string(err ? std::strerror(err) : "closed during the handshake") + " (" + c.peer + ")");
+      return;
+    }
+  }
+  if (eof || err) {
+    // Whatever reached this worker before the peer went is still handed out.
+    drive();
+    fail(c, HMC_PROV_ERR_PEER_LOST,
+         "peer lost: " + std::string(eof ? "the peer closed the connection or exited" : std::strerror(err)) +
+             " (" + c.peer + ")");
+    return;
+  }
+  if (c.fd >= 0) watch(c.fd, watch_tag(kSocket, c.id), EPOLLIN | EPOLLRDHUP | (c.out.empty() ? 0u : uint32_t{EPOLLOUT}));
+}
+
+bool Provider::finish_handshake(Conn& c, const Handshake& h) {
+  c.peer_id = h.conn;
+  c.peer_cookie = h.cookie;
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(h.worker.data());
+  ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep.err_handler.cb = on_error_callback;
+  ep.err_handler.arg = this;
+  if (!peer_errors_) ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &c.ep);
+  if (s != UCS_OK) {
+    c.ep = nullptr;
+    fail(c, HMC_PROV_ERR_REFUSED, std::string("no UCX transport reaches ") + c.peer + ": " +
+                                      ucs_status_string(s) + " (UCX transports here: " + transports_ + ")");
+    return false;
+  }
+  c.in.clear();
+  // Connector: open, and one byte tells the acceptor so. Acceptor: answer,
+  // then wait for that byte before accept() hands the connection out.
+  if (c.connector) {
+    c.state = Conn::kOpen;
+    pending_.insert(c.id);  // sends posted while connecting go now
+    c.out = "R";
+  } else {
+    Handshake mine;
+    mine.conn = c.id;
+    mine.cookie = c.cookie;
+    mine.worker = worker_addr_;
+    c.out = encode(mine);
+    c.hello = h.hello;
+  }
+  ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+  if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+  wake_later();
+  return true;
+}
+
+int Provider::conn_status(void* conn) {
+  std::unique_lock lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  if (c->state == Conn::kFailed) return c->error;
+  return c->state == Conn::kOpen ? HMC_PROV_OK : HMC_PROV_IN_PROGRESS;
+}
+
+int Provider::accept(void* listener, void** conn, void* hello, size_t hello_cap, size_t* hello_len) {
+  if (conn == nullptr) return HMC_PROV_ERR_INVALID;
+  std::unique_lock lock(mu_);
+  auto it = listeners_.find(listener);
+  if (it == listeners_.end()) return HMC_PROV_ERR_CLOSED;
+  auto& ready = it->second->ready;
+  while (!ready.empty()) {
+    uint32_t id = ready.front();
+    ready.pop_front();
+    Conn* c = find(reinterpret_cast<void*>(static_cast<uintptr_t>(id)));
+    if (c == nullptr) continue;
+    if (c->hello.size() > hello_cap || (hello == nullptr && !c->hello.empty())) return HMC_PROV_ERR_INVALID;
+    if (!c->hello.empty()) std::memcpy(hello, c->hello.data(), c->hello.size());
+    if (hello_len != nullptr) *hello_len = c->hello.size();
+    c->listener = nullptr;
+    *conn = reinterpret_cast<void*>(static_cast<uintptr_t>(id));
+    return HMC_PROV_OK;
+  }
+  return HMC_PROV_IN_PROGRESS;
+}
+
+}  // namespace hmc_ucx

@@ -1,0 +1,469 @@
+// Provider life, the thread, progress, and the end of connections.
+#include "provider.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+namespace hmc_ucx {
+
+namespace {
+
+
+std::mutex live_mu;
+std::set<const void*> live;  // providers whose endpoints may call back
+
+
+// Transport names of the context's resources ("tcp", "posix", "cma", ...).
+std::set<std::string> transports(ucp_context_h context) {
+  std::set<std::string> out;
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return out;
+  ucp_context_print_info(context, f);
+  std::fclose(f);
+  std::string all(text, size);
+  std::free(text);
+  for (size_t at = all.find("resource"); at != std::string::npos; at = all.find("resource", at + 1)) {
+    size_t eol = all.find('\n', at);
+    std::string line = all.substr(at, eol - at);
+    size_t slash = line.rfind('/');
+    size_t space = line.rfind(' ', slash);
+    if (slash != std::string::npos && space != std::string::npos)
+      out.insert(line.substr(space + 1, slash - space - 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t random64() {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                          static_cast<uint64_t>(getpid()) << 32);
+  return rng();
+}
+
+Provider::Provider(const hmc_host_services_t& host) : host_(host, "ucx") {}
+
+void Provider::props(hmc_net_props_t& p) const {
+  p.latency_us = latency_us_;
+  p.bandwidth_gbps = bandwidth_gbps_;
+  p.max_msg_size = kMaxMessage;
+}
+
+void Provider::watch(int fd, uint64_t t, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = t;
+  if (epoll_ctl(epoll_, EPOLL_CTL_MOD, fd, &ev) != 0) epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+Conn* Provider::find(void* handle) {
+  auto it = conns_.find(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(handle)));
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+void Provider::unlock_and_wake(std::unique_lock<std::mutex>& lock) {
+  bool wake = wake_;
+  wake_ = false;
+  lock.unlock();
+  if (wake) host_.wake();
+}
+
+// Progresses the worker until idle (bounded), then does what its callbacks
+// left for outside them: endpoint failures, messages in the inboxes, sends
+// that waited for a put.
+bool Provider::drive() {
+  bool moved = false;
+  for (int i = 0; i < 256; ++i) {
+    unsigned n = ucp_worker_progress(worker_);
+    moved |= n != 0;
+    std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors;
+    {
+      std::lock_guard lock(errors_mu_);
+      errors.swap(errors_);
+    }
+    bool more = !errors.empty() || !pending_.empty();
+    for (auto [ep, status] : errors) on_ep_error(ep, status);
+    auto pending = std::move(pending_);
+    pending_.clear();
+    for (uint32_t id : pending) {
+      auto it = conns_.find(id);
+      if (it != conns_.end()) pump(*it->second);
+    }
+    moved |= more;
+    if (n == 0 && !more) break;
+  }
+  for (auto it = closing_.begin(); it != closing_.end();) {
+    if (ucp_request_check_status(*it) == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    ucp_request_free(*it);
+    it = closing_.erase(it);
+  }
+  if (dead_rkeys_.empty() || !closing_.empty()) return moved;
+  for (auto& [id, c] : conns_)
+    if (c->puts > 0) return moved;
+  for (ucp_rkey_h k : dead_rkeys_) ucp_rkey_destroy(k);
+  dead_rkeys_.clear();
+  return moved;
+}
+
+int Provider::progress() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return HMC_PROV_OK;
+  host_polled_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  bool moved = drive();
+  unlock_and_wake(lock);
+  return moved ? 1 : HMC_PROV_OK;
+}
+
+// The thread: sleep until the worker or a socket has something, then work under mu_.
+// The thread: sleep until the worker or a socket has something, then work
+// under mu_. Once woken it keeps progressing while traffic flows and for
+// kLinger after (a stream of fragments would otherwise cost a wake-up each),
+// unless the host is polling the worker itself; then it arms and sleeps.
+void Provider::run() {
+  constexpr auto kLinger = std::chrono::microseconds(100);
+  std::vector<epoll_event> events(32);
+  std::vector<std::pair<uint64_t, uint32_t>> ready;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      for (auto [t, ev] : ready) handle_event(t, ev);
+      ready.clear();
+      for (auto last = Clock::now(); !stop_;) {
+        const auto now = Clock::now();
+        if (drive()) last = now;
+        const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
+        // Lingering pays off only where every fragment needs this side (shared
+        // memory without cma); over tcp it exposed a crash in UCX 1.13 when two
+        // workers of one process talk (docs/ucx.md).
+        if (peer_errors_ || now - last > kLinger || now.time_since_epoch() - polled < kLinger) break;
+        unlock_and_wake(lock);
+        std::this_thread::yield();
+        lock.lock();
+      }
+      if (stop_) return;
+      while (ucp_worker_arm(worker_) == UCS_ERR_BUSY) drive();
+      unlock_and_wake(lock);
+    }
+    int n = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), 1000);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t t = events[i].data.u64;
+      const uint32_t ev = events[i].events;
+      ready.emplace_back(t, ev);
+    }
+  }
+}
+
+void Provider::handle_event(uint64_t t, uint32_t events) {
+  const uint64_t id = t & ((uint64_t{1} << 56) - 1);
+  switch (static_cast<Watch>(t >> 56)) {
+    case kEvent: {
+      uint64_t v;
+      ssize_t ignored = read(event_fd_, &v, sizeof(v));
+      (void)ignored;
+      break;
+    }
+    case kUcx:
+      break;  // the caller progresses the worker
+    case kListen:
+      for (auto& [k, l] : listeners_)
+        if (reinterpret_cast<uintptr_t>(k) == id) handle_listener(*l);
+      break;
+    case kSocket: {
+      auto it = conns_.find(static_cast<uint32_t>(id));
+      if (it != conns_.end()) handle_socket(*it->second, events);
+      break;
+    }
+  }
+}
+
+// ucp_init with the transports `tls` (empty: UCX_TLS or UCX's default).
+int Provider::init_context(const std::string& tls, std::string& why) {
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    why = std::string("ucp_config_read: ") + ucs_status_string(s);
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  if (!tls.empty()) {
+    if (ucs_status_t s = ucp_config_modify(config, "TLS", tls.c_str()); s != UCS_OK) {
+      ucp_config_release(config);
+      why = "HMC_UCX_TLS: '" + tls + "' refused by UCX: " + ucs_status_string(s);
+      return HMC_PROV_ERR_INVALID;
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  ucs_status_t s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context_ = nullptr;
+    why = std::string("ucp_init failed (") + ucs_status_string(s) + "): no usable UCX transport for " +
+          (tls.empty() ? "UCX_TLS" : "HMC_UCX_TLS=" + tls) + " (see ucx_info -d)";
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  return HMC_PROV_OK;
+}
+
+int Provider::start(std::string& why) {
+  std::string tls;
+  int64_t port = 0;
+  bool keep_cma = false;
+  if (!host_.get_string(kParams[0], tls, why) || !host_.get_string(kParams[1], bind_addr_, why) ||
+      !host_.get_int(kParams[2], 0, 65535, port, why) || !host_.get_bool(kParams[3], keep_cma, why)) {
+    return HMC_PROV_ERR_INVALID;
+  }
+  port_ = static_cast<uint16_t>(port);
+  if (int rc = init_context(tls, why)) return rc;
+  auto names = transports(context_);
+  names.erase("self");
+  const std::set<std::string> shm = {"posix", "sysv", "cma", "xpmem", "knem"};
+  bool has_tcp = names.contains("tcp"), has_rdma = false;
+  for (const auto& n : names)
+    has_rdma |= n.rfind("rc", 0) == 0 || n.rfind("ud", 0) == 0 || n.rfind("dc", 0) == 0;
+  // Without tcp or verbs, UCX 1.13 has no peer failure handling (posix and sysv
+  // lack it), and then a cma copy from a peer that died aborts this process.
+  peer_errors_ = has_tcp || has_rdma;
+  if (!peer_errors_ && names.contains("cma") && !keep_cma) {
+    names.erase("cma");
+    std::string rest;
+    for (const auto& n : names) rest += (rest.empty() ? "" : ",") + n;
+    ucp_cleanup(context_);
+    context_ = nullptr;
+    if (rest.empty()) {
+      why = "UCX offers only cma, which carries no messages (UCX_TLS)";
+      return HMC_PROV_ERR_UNAVAILABLE;
+    }
+    host_.log(HMC_LOG_DEBUG, "no UCX transport with peer failure handling: leaving cma out (" + rest + ")");
+    if (int rc = init_context(rest, why)) return rc;
+  }
+  for (const auto& n : names) transports_ += (transports_.empty() ? "" : ",") + n;
+  bool has_shm = false;
+  for (const auto& n : names) has_shm |= shm.contains(n);
+  if (!has_shm && !has_tcp && !has_rdma) {
+    why = "UCX selected no transport that reaches another process (" +
+          std::string(tls.empty() ? "UCX_TLS" : "HMC_UCX_TLS=" + tls) + " gives only self)";
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  // Cost-model inputs for the class of transport that serves the slowest peers
+  // (docs/ucx.md has the measurements behind them).
+  if (has_rdma) {
+    latency_us_ = 3, bandwidth_gbps_ = 12;
+  } else if (has_tcp) {
+    latency_us_ = 14, bandwidth_gbps_ = 1.5;  // UCX's tcp put_zcopy is slow: rendezvous pays
+  } else {
+    latency_us_ = 6, bandwidth_gbps_ = 8;
+  }
+  ucs_status_t s;
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  if ((s = ucp_worker_create(context_, &wp, &worker_)) != UCS_OK) {
+    why = std::string("ucp_worker_create: ") + ucs_status_string(s);
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  if ((s = ucp_worker_get_address(worker_, &addr, &addr_len)) != UCS_OK ||
+      (s = ucp_worker_get_efd(worker_, &ucx_fd_)) != UCS_OK) {
+    why = std::string("ucp worker address or event fd: ") + ucs_status_string(s);
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  worker_addr_.assign(reinterpret_cast<char*>(addr), reinterpret_cast<char*>(addr) + addr_len);
+  ucp_worker_release_address(worker_, addr);
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  hp.id = kAmId;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  hp.arg = this;
+  hp.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t len,
+             const ucp_am_recv_param_t* param) -> ucs_status_t {
+    if (header_len != sizeof(Wire)) return UCS_OK;  // not ours: dropped
+    Wire w;
+    std::memcpy(&w, header, sizeof(w));
+    return static_cast<Provider*>(arg)->on_am(w, data, len, param);
+  };
+  if ((s = ucp_worker_set_am_recv_handler(worker_, &hp)) != UCS_OK) {
+    why = std::string("ucp_worker_set_am_recv_handler: ") + ucs_status_string(s);
+    return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_ < 0 || event_fd_ < 0) {
+    why = std::string("epoll/eventfd: ") + std::strerror(errno);
+    return HMC_PROV_ERR_INTERNAL;
+  }
+  watch(event_fd_, watch_tag(kEvent, 0), EPOLLIN);
+  watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
+  next_conn_ = static_cast<uint32_t>(random64() % 1000000) + 1;
+  {
+    std::lock_guard lock(live_mu);
+    live.insert(this);
+  }
+  thread_ = std::thread([this] { run(); });
+  host_.log(HMC_LOG_DEBUG, "ucx " + std::string(ucp_get_version_string()) + " transports " +
+                               transports_ + ", worker address " + std::to_string(addr_len) + " bytes");
+  return HMC_PROV_OK;
+}
+
+Provider::~Provider() {
+  {
+    std::lock_guard lock(live_mu);
+    live.erase(this);
+  }
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    uint64_t one = 1;
+    ssize_t ignored = write(event_fd_, &one, sizeof(one));
+    (void)ignored;
+    thread_.join();
+  }
+  std::unique_lock lock(mu_);
+  std::vector<uint32_t> ids;
+  for (auto& [id, c] : conns_) ids.push_back(id);
+  for (uint32_t id : ids) {
+    fail(*conns_[id], HMC_PROV_ERR_CLOSED, "provider finalized");
+    retire(std::move(conns_[id]));
+    conns_.erase(id);
+  }
+  for (auto& [k, l] : listeners_) close(l->fd);
+  listeners_.clear();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!closing_.empty() && std::chrono::steady_clock::now() < deadline) drive();
+  for (ucp_rkey_h k : dead_rkeys_) ucp_rkey_destroy(k);
+  dead_rkeys_.clear();
+  for (auto& [id, r] : regions_)
+    if (r->mem) ucp_mem_unmap(context_, r->mem);
+  regions_.clear();
+  if (worker_) ucp_worker_destroy(worker_);
+  if (context_) ucp_cleanup(context_);
+  if (epoll_ >= 0) close(epoll_);
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+// Fails everything pending on `c` and ends its endpoint and lifeline. The
+// Conn stays in the table (later calls see the error) until close_conn.
+void Provider::fail(Conn& c, int code, const std::string& why) {
+  if (c.state == Conn::kFailed) return;
+  c.state = Conn::kFailed;
+  c.error = code;
+  c.why = why;
+  host_.log(code == HMC_PROV_ERR_CLOSED ? HMC_LOG_DEBUG : HMC_LOG_INFO, why);
+  for (auto& r : c.recvs) {
+    if (r->op) r->op->recv = nullptr;
+    if (!r->landed) r->req->fail(code, why);
+    else if (r->rc == HMC_PROV_OK) r->req->complete(r->bytes);
+    else r->req->fail(r->rc, r->why);
+  }
+  c.recvs.clear();
+  c.assigned = 0;
+  for (Op* op : c.held) {
+    op->req->fail(code, why);
+    delete op;
+  }
+  c.held.clear();
+  for (auto& [id, p] : c.checking) p.req->fail(code, why);
+  c.checking.clear();
+  for (auto& m : c.unexpected) drop(m);
+  c.unexpected.clear();
+  for (auto& [seq, m] : c.inbox) drop(m);
+  c.inbox.clear();
+  drop_keys(c);
+  if (c.ep != nullptr) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(c.ep, &p);
+    c.ep = nullptr;
+    if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+  }
+  if (c.fd >= 0) close(c.fd);
+  c.fd = -1;
+  wake_later();
+}
+
+// Ops still in flight complete with an error once the endpoint is closed;
+// their callbacks must not find the Conn, so they forget it now.
+void Provider::retire(std::unique_ptr<Conn> c) {
+  for (Op* op : c->ops) {
+    op->conn = nullptr;
+    op->recv = nullptr;
+  }
+  c->ops.clear();
+}
+
+// The endpoint is closed in flush mode: sends under way finish (UCX 1.13's tcp
+// transport crashed now and then when one was cut off by a forced close), then
+// the lifeline closes and the peer sees the end.
+int Provider::close_conn(void* conn) {
+  std::unique_lock lock(mu_);
+  Conn* c = find(conn);
+  if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  ucp_ep_h ep = c->ep;
+  const int fd = c->fd;
+  c->ep = nullptr;  // fail() leaves both to us
+  c->fd = -1;
+  fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  void* closing = nullptr;
+  if (ep != nullptr) {
+    ucp_request_param_t p{};
+    closing = ucp_ep_close_nbx(ep, &p);
+    while (UCS_PTR_IS_PTR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
+           Clock::now() < deadline) {
+      drive();
+    }
+  }
+  // Nothing may touch the caller's buffers once we return: wait (bounded) for
+  // UCP to give back every operation of this connection that uses them.
+  auto uses_caller = [&] {
+    for (Op* op : c->ops)
+      if (op->type != Op::kControl && !op->bounce) return true;
+    return false;
+  };
+  while (uses_caller() && Clock::now() < deadline) drive();
+  if (uses_caller()) host_.log(HMC_LOG_WARN, "close_conn: UCX still holds operations of " + c->peer);
+  if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
+  if (fd >= 0) close(fd);
+  auto it = conns_.find(c->id);
+  retire(std::move(it->second));
+  conns_.erase(it);
+  unlock_and_wake(lock);
+  return HMC_PROV_OK;
+}
+
+void Provider::on_ep_error(ucp_ep_h ep, ucs_status_t status) {
+  for (auto& [id, c] : conns_) {
+    if (c->ep != ep) continue;
+    fail(*c, HMC_PROV_ERR_PEER_LOST,
+         std::string("peer lost: ") + ucs_status_string(status) + " (" + c->peer + ")");
+    return;
+  }
+}
+
+void Provider::on_error_callback(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  std::lock_guard lock(live_mu);
+  if (!live.contains(arg)) return;
+  auto* p = static_cast<Provider*>(arg);
+  std::lock_guard errors(p->errors_mu_);
+  p->errors_.emplace_back(ep, status);
+}
+
+}  // namespace hmc_ucx

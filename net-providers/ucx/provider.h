@@ -1,0 +1,289 @@
+// Provider state of the ucx net provider: one ucp_context and one worker, the
+// lifeline sockets, the connection, listener and region tables, and a thread
+// that sleeps on the worker's event fd and the sockets.
+//
+// Threads and locking. The worker runs in UCS_THREAD_MODE_SERIALIZED: every
+// UCP call and every callback UCP makes happens under mu_, whichever thread
+// (the host's caller, the host's progress engine through progress(), or the
+// provider thread) holds it. One lock covers UCP and the tables because UCP's
+// callbacks touch the tables. progress() only try_locks, so a waiter never
+// queues behind another thread's progress. Requests are hmc_net::Request
+// objects (net-providers/common): completed under mu_, polled by test()
+// without it. host->wake is called after mu_ is released.
+//
+// The thread is what makes a put into this process complete while its host
+// is busy elsewhere: UCX emulates puts into malloc memory over shared memory
+// with active messages that the target must progress, and the put check
+// (put.cpp) needs the target to answer.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/host.h"
+#include "common/request.h"
+#include "hmc/provider/net.h"
+#include "lifeline.h"
+
+namespace hmc_ucx {
+
+using hmc_net::Request;
+using Clock = std::chrono::steady_clock;
+
+// The provider's parameters (read in Provider::start, listed in the ABI table).
+inline constexpr hmc_param_t kParams[] = {
+    {"HMC_UCX_TLS", "string", "",
+     "UCX transports (UCX_TLS syntax, e.g. tcp, shm, ^cma); empty: UCX_TLS or UCX's default"},
+    {"HMC_UCX_ADDR", "string", "",
+     "IP address of the lifeline listener; empty: the host hint given to listen, or 0.0.0.0"},
+    {"HMC_UCX_PORT", "int", "0", "TCP port of the lifeline listener; 0 picks an ephemeral port"},
+    {"HMC_UCX_CMA", "bool", "0",
+     "keep cma when no transport has peer failure handling (UCX_TLS=shm): faster same-host puts, "
+     "but UCX aborts this process when the peer dies mid-copy"},
+};
+
+inline constexpr unsigned kAmId = 0x4d;  // "M"
+inline constexpr size_t kMaxMessage = size_t{1} << 30;
+
+enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke };
+
+// The active-message header of everything sent on a connection.
+struct Wire {
+  uint32_t conn;    // the receiver's connection id
+  uint32_t kind;    // Kind
+  uint64_t cookie;  // the receiver's cookie (from its handshake)
+  uint64_t seq;     // per connection and direction, from 0
+  uint64_t token;   // kCheck/kReply: put id; kRevoke: region id
+  uint64_t arg;     // kCheck: offset; kReply: 0 accepted, else refused; kRevoke: nonce
+  uint64_t len;     // kCheck: put length
+};
+
+struct Conn;
+struct Recv;
+
+// A UCP operation in flight; user_data of its callback. Freed by the callback
+// (or at once when UCP completed it inline). `conn` is cleared when the
+// connection goes away first.
+struct Op {
+  enum Type { kSend, kControl, kRecvData, kPut, kFlush } type;
+  explicit Op(Type t) : type(t) {}
+  class Provider* provider = nullptr;
+  Conn* conn = nullptr;
+  const char* src = nullptr;  // kSend: the caller's buffer (while held)
+  Request* req = nullptr;  // kSend: the host's request
+  Recv* recv = nullptr;    // kRecvData
+  uint64_t put = 0;        // kFlush: the put it completes
+  size_t bytes = 0;
+  Wire wire{};
+  std::string payload;  // kControl
+  // kRecvData without peer failure handling: UCP cannot cancel a rendezvous
+  // receive then, so it lands here and is copied out, never into a buffer
+  // the caller may have freed after close_conn.
+  std::unique_ptr<char[]> bounce;  // `bytes` long when set
+};
+
+// A posted receive. Receives are assigned messages in posting order and
+// reported complete in that order.
+struct Recv {
+  Recv(char* b, size_t c, Request* r) : buf(b), cap(c), req(r) {}
+  char* buf;
+  size_t cap;
+  Request* req;
+  bool assigned = false;
+  bool landed = false;
+  int rc = HMC_PROV_OK;
+  size_t bytes = 0;
+  std::string why;
+  Op* op = nullptr;  // a rendezvous receive in flight
+};
+
+// A message that arrived with no receive posted (or ahead of its turn).
+struct Incoming {
+  Wire wire{};
+  size_t len = 0;
+  bool rndv = false;
+  void* held = nullptr;            // UCP's data or rendezvous descriptor, kept past the callback
+  const void* transient = nullptr; // UCP's data, valid during the callback only
+  std::string copy;                // eager data copied out of the callback
+  const char* bytes() const {
+    return static_cast<const char*>(held ? held : transient ? transient : copy.data());
+  }
+};
+
+struct PendingPut {
+  uint64_t id;
+  Request* req;
+  const char* src;
+  size_t len;
+  uint64_t offset;
+  std::string key;  // the packed key, as the host gave it
+};
+
+struct VerifiedKey {
+  ucp_rkey_h rkey = nullptr;
+  uint64_t region = 0, nonce = 0, base = 0;
+};
+
+struct Conn {
+  enum State { kHandshake, kOpen, kFailed } state = kHandshake;
+  uint32_t id = 0;
+  uint64_t cookie = 0;
+  uint32_t peer_id = 0;
+  uint64_t peer_cookie = 0;
+  bool connector = false;
+  void* listener = nullptr;  // acceptor side, until accepted
+  int fd = -1;               // the lifeline
+  std::string out, in;       // handshake bytes to write / read so far
+  std::string peer;          // "ip:port" for messages
+  std::vector<char> hello;
+  ucp_ep_h ep = nullptr;
+  int error = 0;
+  std::string why;
+  uint64_t send_seq = 0, recv_seq = 0;
+  std::map<uint64_t, Incoming> inbox;   // arrived, not yet handed out (by seq)
+  std::deque<Incoming> unexpected;      // in order, waiting for a receive
+  std::deque<std::unique_ptr<Recv>> recvs;
+  size_t assigned = 0;                  // recvs[0, assigned) have a message
+  std::deque<Op*> held;                 // sends waiting for earlier puts to finish
+  size_t puts = 0;                      // puts not yet complete: later sends wait
+  std::map<uint64_t, PendingPut> checking;  // puts waiting for the target's verdict
+  std::map<std::string, VerifiedKey> keys;  // keys the target accepted
+  std::set<Op*> ops;
+};
+
+struct Listener {
+  int fd = -1;
+  std::string addr;
+  std::deque<uint32_t> ready;  // connections whose handshake is done, to accept
+};
+
+struct Region {
+  uint64_t id = 0, nonce = 0;
+  char* base = nullptr;
+  size_t len = 0;
+  ucp_mem_h mem = nullptr;
+  std::string key;                // the packed key handed out
+  std::set<uint32_t> verified;    // connections told this key is good
+};
+
+// What the thread's epoll set watches: kind in the top byte, an id below.
+enum Watch : uint64_t { kEvent = 0, kUcx = 1, kListen = 2, kSocket = 3 };
+inline uint64_t watch_tag(Watch w, uint64_t id) { return (static_cast<uint64_t>(w) << 56) | id; }
+uint64_t random64();
+
+class Provider {
+ public:
+  explicit Provider(const hmc_host_services_t& host);
+  Provider(const Provider&) = delete;
+  Provider& operator=(const Provider&) = delete;
+  ~Provider();
+
+  // Reads parameters and brings UCX up; non-zero with `why` refuses init.
+  int start(std::string& why);
+  hmc_net::Host& host() { return host_; }
+  void props(hmc_net_props_t& p) const;
+
+  int listen(const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len, void** listener);
+  int close_listener(void* listener);
+  int connect(const void* addr, size_t addr_len, const void* hello, size_t hello_len, void** conn);
+  int conn_status(void* conn);
+  int accept(void* listener, void** conn, void* hello, size_t hello_cap, size_t* hello_len);
+  int close_conn(void* conn);
+  int send_msg(void* conn, const void* buf, size_t len, void** req);
+  int recv_msg(void* conn, void* buf, size_t cap, void** req);
+  int reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr);
+  int dereg_mem(void* mr);
+  int pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
+  int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
+          uint64_t offset, void** req);
+  int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap) {
+    return requests_.test(req, done, bytes, message, message_cap);
+  }
+  int progress();
+
+  // UCP callbacks (static trampolines in conn.cpp / put.cpp call these under mu_).
+  ucs_status_t on_am(const Wire& w, void* data, size_t len, const ucp_am_recv_param_t* param);
+  void on_op_done(Op* op, ucs_status_t status, size_t length);
+  void on_ep_error(ucp_ep_h ep, ucs_status_t status);
+  // Endpoint error callback. UCX 1.13 may run it from another worker's progress
+  // (two providers of one process connected over tcp), even after this
+  // provider is gone: so it goes through a registry of live providers and a
+  // lock of its own.
+  static void on_error_callback(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+ private:
+  // provider.cpp: thread, sockets, handshakes, connection life.
+  int init_context(const std::string& tls, std::string& why);
+  void run();
+  void handle_event(uint64_t tag, uint32_t events);
+  void handle_listener(Listener& l);
+  void handle_socket(Conn& c, uint32_t events);
+  bool finish_handshake(Conn& c, const Handshake& h);
+  void watch(int fd, uint64_t tag, uint32_t events);
+  Conn* find(void* conn);
+  void fail(Conn& c, int code, const std::string& why);
+  void retire(std::unique_ptr<Conn> c);
+  bool drive();  // worker progress until idle, under mu_; true if anything moved
+  void wake_later() { wake_ = true; }
+  void unlock_and_wake(std::unique_lock<std::mutex>& lock);
+
+  // conn.cpp: messages.
+  void send_now(Conn& c, Op* op, const void* buf, size_t len);
+  void send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, uint64_t len,
+                    std::string payload);
+  void pump(Conn& c);
+  void dispatch(Conn& c, Incoming m);
+  void deliver(Conn& c, Incoming m);
+  void assign(Conn& c, Recv& r, Incoming& m);
+  void complete_ready(Conn& c);
+  void release_held(Conn& c);
+  void drop(Incoming& m);
+
+  // put.cpp: checks, puts, revocations.
+  void on_check(Conn& c, const Wire& w, const std::string& key);
+  void on_reply(Conn& c, const Wire& w, const std::string& why);
+  void on_revoke(Conn& c, const Wire& w);
+  void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
+  void put_finished(Conn& c, Request* req, size_t bytes, int rc, const std::string& why);
+  void drop_keys(Conn& c);
+
+  hmc_net::Host host_;
+  std::mutex mu_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<char> worker_addr_;
+  std::string transports_;  // what UCX selected, e.g. "tcp,posix,cma"
+  bool peer_errors_ = true;  // endpoints in UCP_ERR_HANDLING_MODE_PEER (else NONE)
+  double latency_us_ = 0, bandwidth_gbps_ = 0;
+  std::string bind_addr_;
+  uint16_t port_ = 0;
+  int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;
+  std::thread thread_;
+  bool stop_ = false;
+  std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran the worker
+  bool wake_ = false;
+  hmc_net::RequestTable requests_;
+  uint32_t next_conn_ = 1;
+  uint64_t next_region_ = 1, next_put_ = 1;
+  std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<void*, std::unique_ptr<Listener>> listeners_;
+  std::unordered_map<uint64_t, std::unique_ptr<Region>> regions_;  // by id
+  std::vector<void*> closing_;  // ep closes in flight
+  std::vector<ucp_rkey_h> dead_rkeys_;  // destroyed once no put can use them
+  std::set<uint32_t> pending_;  // connections with inbox or held work after a callback
+  std::mutex errors_mu_;  // taken alone, never while calling UCP
+  std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors_;  // endpoint failures to handle
+};
+
+}  // namespace hmc_ucx

@@ -1,0 +1,148 @@
+/*
+ * ucx: HMC net provider over UCP (UCX 1.13 as Debian 12 ships it).
+ *
+ * Capabilities: MSG, PUT, REMOTE, SAME_HOST, MEM_HOST. Debian's UCX has no
+ * CUDA or ROCm support, so only host memory: core stages device memory.
+ * Transports: whatever UCX selects (UCX_TLS, or HMC_UCX_TLS which overrides
+ * it): tcp, posix/sysv shared memory, cma, verbs (rc/ud/dc, untested here).
+ * Design (docs/ucx.md):
+ *   - one ucp_context and worker per provider state, SERIALIZED under one
+ *     mutex, plus a thread that sleeps on the worker's event fd (provider.h);
+ *   - the published address is "ip:port" of a lifeline TCP listener: worker
+ *     addresses (215 bytes with every transport here) exceed HMC_NET_ADDR_MAX,
+ *     so the handshake on the lifeline exchanges them (lifeline.h);
+ *   - messages are active messages in sequence per connection (conn.cpp);
+ *   - puts are ucp_put_nbx + flush after a target-side key check (put.cpp).
+ * Limits: messages up to 1 GiB; packed UCP rkeys up to 216 bytes (the rest of
+ * HMC_NET_RKEY_MAX is HMC's header). Props are cost-model inputs chosen by
+ * transport class, not measurements of this machine.
+ */
+#include <iterator>
+#include <memory>
+#include <new>
+
+#include "provider.h"
+
+namespace hmc_ucx {
+namespace {
+
+template <class F>
+int guarded(void* state, F&& fn) {
+  if (state == nullptr) return HMC_PROV_ERR_INVALID;
+  auto* p = static_cast<Provider*>(state);
+  try {
+    return fn(*p);
+  } catch (const std::bad_alloc&) {
+    return HMC_PROV_ERR_NO_MEMORY;
+  } catch (const std::exception& e) {
+    try {
+      p->host().log(HMC_LOG_ERROR, std::string("unexpected error: ") + e.what());
+    } catch (...) {
+    }
+    return HMC_PROV_ERR_INTERNAL;
+  } catch (...) {
+    return HMC_PROV_ERR_INTERNAL;
+  }
+}
+
+int init(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len) {
+  std::string why;
+  try {
+    if (state == nullptr) return HMC_PROV_ERR_INVALID;
+    *state = nullptr;
+    if (!hmc_net::Host::check(host, why)) {
+      hmc_net::copy_text(why, reason, reason_len);
+      return HMC_PROV_ERR_INVALID;
+    }
+    auto p = std::make_unique<Provider>(*host);
+    if (int rc = p->start(why)) {
+      hmc_net::copy_text(why, reason, reason_len);
+      return rc;
+    }
+    *state = p.release();
+    return HMC_PROV_OK;
+  } catch (const std::exception& e) {
+    hmc_net::copy_text(std::string("init failed: ") + e.what(), reason, reason_len);
+    return HMC_PROV_ERR_INTERNAL;
+  } catch (...) {
+    hmc_net::copy_text("init failed", reason, reason_len);
+    return HMC_PROV_ERR_INTERNAL;
+  }
+}
+
+void fini(void* state) {
+  try {
+    delete static_cast<Provider*>(state);
+  } catch (...) {
+  }
+}
+
+int props(void* state, hmc_net_props_t* props) {
+  if (props == nullptr || props->struct_size < sizeof(hmc_net_props_t)) return HMC_PROV_ERR_INVALID;
+  return guarded(state, [&](Provider& p) {
+    p.props(*props);
+    return HMC_PROV_OK;
+  });
+}
+
+constexpr hmc_net_provider_t kTable = {
+    .struct_size = sizeof(hmc_net_provider_t),
+    .abi_version = HMC_NET_ABI_VERSION,
+    .name = "ucx",
+    .caps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST |
+            HMC_NET_CAP_MEM_HOST,
+    .params = kParams,
+    .num_params = std::size(kParams),
+    .init = init,
+    .fini = fini,
+    .props = props,
+    .listen = [](void* s, const char* hint, void* addr, size_t cap, size_t* len, void** l) {
+      return guarded(s, [&](Provider& p) { return p.listen(hint, addr, cap, len, l); });
+    },
+    .close_listener = [](void* s, void* l) {
+      return guarded(s, [&](Provider& p) { return p.close_listener(l); });
+    },
+    .connect = [](void* s, const void* addr, size_t len, const void* hello, size_t hlen, void** c) {
+      return guarded(s, [&](Provider& p) { return p.connect(addr, len, hello, hlen, c); });
+    },
+    .conn_status = [](void* s, void* c) {
+      return guarded(s, [&](Provider& p) { return p.conn_status(c); });
+    },
+    .accept = [](void* s, void* l, void** c, void* hello, size_t cap, size_t* len) {
+      return guarded(s, [&](Provider& p) { return p.accept(l, c, hello, cap, len); });
+    },
+    .close_conn = [](void* s, void* c) {
+      return guarded(s, [&](Provider& p) { return p.close_conn(c); });
+    },
+    .send_msg = [](void* s, void* c, const void* buf, size_t len, void** req) {
+      return guarded(s, [&](Provider& p) { return p.send_msg(c, buf, len, req); });
+    },
+    .recv_msg = [](void* s, void* c, void* buf, size_t cap, void** req) {
+      return guarded(s, [&](Provider& p) { return p.recv_msg(c, buf, cap, req); });
+    },
+    .reg_mem = [](void* s, void* ptr, size_t bytes, int kind, void** mr) {
+      return guarded(s, [&](Provider& p) { return p.reg_mem(ptr, bytes, kind, mr); });
+    },
+    .dereg_mem = [](void* s, void* mr) {
+      return guarded(s, [&](Provider& p) { return p.dereg_mem(mr); });
+    },
+    .pack_rkey = [](void* s, void* mr, void* rkey, size_t cap, size_t* len) {
+      return guarded(s, [&](Provider& p) { return p.pack_rkey(mr, rkey, cap, len); });
+    },
+    .put = [](void* s, void* c, const void* src, size_t len, void*, const void* rkey,
+              size_t rkey_len, uint64_t offset, void** req) {
+      return guarded(s, [&](Provider& p) { return p.put(c, src, len, rkey, rkey_len, offset, req); });
+    },
+    .test = [](void* s, void* req, int* done, size_t* bytes, char* msg, size_t cap) {
+      return guarded(s, [&](Provider& p) { return p.test(req, done, bytes, msg, cap); });
+    },
+    .progress = [](void* s) { return guarded(s, [&](Provider& p) { return p.progress(); }); },
+};
+
+}  // namespace
+}  // namespace hmc_ucx
+
+extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_net_provider_v1(
+    void) {
+  return &hmc_ucx::kTable;
+}

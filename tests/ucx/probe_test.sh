@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# hmc-probe and the ucx provider, in three set-ups; every run has a deadline.
+#   1. UCX_TLS=nonsense: ucx is listed unavailable with UCX's reason, and two
+#      local ranks still exchange data over shm.
+#   2. The plugin missing: libhmc copied into an empty folder with tcp and shm
+#      only (LD_LIBRARY_PATH wins over the build's RUNPATH, and the loader looks
+#      next to libhmc): ucx is not listed, two local ranks still work.
+#   3. UCX_TLS=shm: the path matrix names shm and says ucx came second, with costs.
+set -u
+probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
+lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
+fail=0
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/hmc-probe-test.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+check() {  # check NAME PATTERN FILE: PATTERN (grep -E) must occur in FILE
+  if grep -Eq "$2" "$3"; then echo "ok: $1"; else echo "FAILED: $1 (no '$2')"; cat "$3"; fail=1; fi
+}
+run() {  # run OUT CMD...: runs under a deadline, output to OUT
+  local out=$1; shift
+  if ! timeout 120 "$@" > "$out" 2>&1; then echo "FAILED: $* (exit $?)"; cat "$out"; fail=1; fi
+}
+
+UCX_TLS=nonsense run "$scratch/bad" "$probe"
+check "UCX_TLS=nonsense: ucx unavailable with the reason" 'ucx.*unavailable.*ucp_init' "$scratch/bad"
+UCX_TLS=nonsense run "$scratch/bad-local" "$probe" --local 2 --timeout 60 -b 1M -n 3
+check "UCX_TLS=nonsense: ranks still connect over shm" '\bshm\b' "$scratch/bad-local"
+
+mkdir -p "$scratch/lib"
+cp -P "$lib"/libhmc.so* "$lib"/libhmc-net-tcp.so "$lib"/libhmc-net-shm.so "$scratch/lib/"
+LD_LIBRARY_PATH="$scratch/lib" run "$scratch/missing" "$probe"
+if grep -E "^ +ucx +net" "$scratch/missing"; then echo "FAILED: ucx listed without its plugin"; fail=1; fi
+check "plugin missing: tcp and shm listed" 'shm' "$scratch/missing"
+LD_LIBRARY_PATH="$scratch/lib" run "$scratch/missing-local" "$probe" --local 2 --timeout 60 -b 1M -n 3
+check "plugin missing: ranks still connect over shm" '\bshm\b' "$scratch/missing-local"
+
+UCX_TLS=shm run "$scratch/shm-local" "$probe" --local 2 --timeout 60 -b 1M -n 3
+check "UCX_TLS=shm: shm chosen over ucx, with the costs" ' shm .*lowest modelled cost .* vs ucx [0-9]+ us' "$scratch/shm-local"
+exit $fail

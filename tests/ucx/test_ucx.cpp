@@ -1,0 +1,149 @@
+// ucx-specific behaviour, in real processes: progress while the target is
+// outside HMC, path negotiation against tcp and shm, and a UCX that cannot
+// start. Each case runs over the transports in UCX_TLS_LIST (tcp and shm).
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::vector<std::string> kTransports = {"tcp", "shm"};
+
+bool have_ucx() {
+  auto ctx = Context::create();
+  if (!ctx) return false;
+  for (const auto& p : ctx->providers())
+    if (p.name == "ucx" && p.available) return true;
+  return false;
+}
+
+const PathCandidate* candidate(const PathInfo& path, const std::string& name) {
+  for (const auto& c : path.candidates)
+    if (c.provider == name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+// UCX emulates a put into malloc'd memory over shared memory with active
+// messages the target must progress; the provider's thread does that, so the
+// target may be asleep outside every HMC call. The put must also complete
+// well before the target wakes.
+TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put]") {
+  if (!have_ucx()) {
+    WARN("ucx provider unavailable here: skipped");
+    return;
+  }
+  for (const auto& tls : kTransports) {
+    DYNAMIC_SECTION("UCX transports " << tls) {
+      std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"},
+                                           {"HMC_UCX_TLS", tls},
+                                           {"HMC_TIMEOUT", "30s"}};
+      auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+        const std::size_t bytes = 16u << 20;
+        std::vector<uint8_t> region(bytes, 0xEE);
+        auto mr = e.comm.register_memory(region.data(), region.size());
+        HMC_EXPECT(mr.ok(), mr.status().to_string());
+        auto mine = mr->pack();
+        std::vector<uint8_t> theirs(mine.bytes.size());
+        const int peer = 1 - e.rank;
+        Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
+        HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
+        HMC_EXPECT_OK(rk.wait());
+        HMC_EXPECT_OK(e.comm.barrier());
+        if (e.rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));  // no HMC call at all
+          char done = 0;
+          HMC_EXPECT_OK(e.comm.recv(&done, 1, 0, 2));
+          auto want = test::random_bytes(bytes - 4096, 77);
+          HMC_EXPECT(std::memcmp(region.data() + 4096, want.data(), want.size()) == 0, "put data wrong");
+          HMC_EXPECT(region[4095] == 0xEE, "put wrote before its offset");
+          return 0;
+        }
+        auto data = test::random_bytes(bytes - 4096, 77);
+        auto t0 = Clock::now();
+        HMC_EXPECT_OK(e.comm.put(peer, data.data(), data.size(), RemoteKey{theirs}, 4096).wait(std::chrono::seconds(3)));
+        auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        HMC_EXPECT(took < 3000, "put took " + std::to_string(took) + " ms: the target's worker was not progressed");
+        char done = 1;
+        HMC_EXPECT_OK(e.comm.send(&done, 1, 1, 2));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+TEST_CASE("ucx: loses to shm on one host, beats nothing it should not, and can be forced", "[ucx][path]") {
+  if (!have_ucx()) {
+    WARN("ucx provider unavailable here: skipped");
+    return;
+  }
+  for (const auto& tls : kTransports) {
+    for (const std::string forced : {"", "ucx"}) {
+      DYNAMIC_SECTION("UCX transports " << tls << (forced.empty() ? "" : ", HMC_PATH=ucx")) {
+        std::map<std::string, std::string> s{{"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
+        if (!forced.empty()) s["HMC_PATH"] = forced;
+        auto exits = test::run_ranks(2, s, [forced](RankEnv& e) {
+          const PathInfo& path = e.comm.path(1 - e.rank);
+          const PathCandidate* ucx = candidate(path, "ucx");
+          HMC_EXPECT(ucx != nullptr, "no ucx candidate: " + path.reason);
+          HMC_EXPECT(ucx->usable, "ucx not usable: " + ucx->reason);
+          const std::string want = forced.empty() ? "shm" : "ucx";
+          HMC_EXPECT(path.provider == want, "chose " + path.provider + ": " + path.reason);
+          // Data moves over the chosen path, eager and rendezvous.
+          for (std::size_t bytes : {std::size_t{8}, std::size_t{4} << 20}) {
+            auto data = test::random_bytes(bytes, bytes);
+            std::vector<uint8_t> got(bytes, 0);
+            if (e.rank == 0) {
+              HMC_EXPECT_OK(e.comm.send(data.data(), bytes, 1, 3));
+            } else {
+              HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, 3));
+              HMC_EXPECT(got == data, "data differs");
+            }
+          }
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
+TEST_CASE("ucx: a UCX that cannot start is unavailable with its reason; tcp and shm work", "[ucx][unavailable]") {
+  auto ctx = Context::create({{{"HMC_UCX_TLS", "nonsense"}}});
+  REQUIRE(ctx.ok());
+  bool listed = false, others = false;
+  for (const auto& p : ctx->providers()) {
+    if (p.name == "ucx") {
+      listed = true;
+      INFO(p.reason);
+      CHECK_FALSE(p.available);
+      CHECK(p.reason.find("ucp_init") != std::string::npos);
+    }
+    others |= (p.name == "shm" || p.name == "tcp") && p.available;
+  }
+  if (!listed) WARN("libhmc-net-ucx.so was not found: nothing to check but the others");
+  REQUIRE(others);
+  auto exits = test::run_ranks(2, {{"HMC_UCX_TLS", "nonsense"}, {"HMC_TIMEOUT", "30s"}}, [](RankEnv& e) {
+    HMC_EXPECT(e.comm.path(1 - e.rank).provider != "ucx", "ucx chosen although unavailable");
+    std::vector<uint8_t> data = test::random_bytes(1 << 20, 5), got(1 << 20, 0);
+    if (e.rank == 0) HMC_EXPECT_OK(e.comm.send(data.data(), data.size(), 1, 4));
+    else HMC_EXPECT_OK(e.comm.recv(got.data(), got.size(), 0, 4));
+    HMC_EXPECT(e.rank == 0 || got == data, "data differs");
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
