@@ -26,7 +26,7 @@ struct Options {
   Aggregate aggregate = Aggregate::kMax;
   std::vector<DataType> dtypes = {DataType::kFloat32};
   std::vector<ReduceOp> ops = {ReduceOp::kSum};
-  std::string device = "cpu:0";  // provider[:index]; no index = rank % devices of that provider
+  std::string device = "cpu";  // provider[:index][@ranks], see tools/common/device_spec.h
   AllocKind memory = AllocKind::kDefault;  // how the send and receive buffers are allocated
   enum class Format { kTable, kJson, kCsv } format = Format::kTable;
   bool progress = false;  // also without a terminal on stderr

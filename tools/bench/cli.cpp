@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/config.h"
+#include "device_spec.h"
 
 namespace hmc::bench {
 namespace {
@@ -81,7 +82,9 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   app.add_option("-o,--op", ops, "sum prod min max avg, or all (reducing collectives)")->delimiter(',')->capture_default_str();
   app.add_option("-r,--root", o.root, "root rank of broadcast, reduce, gather, scatter")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("-a,--average", aggregate, "time over ranks: 0 rank 0, 1 avg, 2 min, 3 max")->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("-g,--device", o.device, "buffers on provider[:index] (no index: rank % its devices)")->capture_default_str();
+  app.add_option("-g,--device", o.device,
+                 "buffers on provider[:index][@ranks]: cuda = each rank on a GPU (local rank % GPUs), cuda:1 = GPU 1, "
+                 "cuda@0,1 or cuda@0-1 = ranks 0 and 1 on GPUs and the other ranks on cpu")->capture_default_str();
   std::string memory = "default";
   app.add_option("-m,--memory", memory, "buffers as Context::alloc makes them")
       ->check(CLI::IsMember({"default", "pinned", "shareable"}))->capture_default_str();
@@ -99,6 +102,10 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   if (!parse_bytes("-b", min_b, o.min_bytes) || !parse_bytes("-e", max_b, o.max_bytes)) return 2;
   if (o.min_bytes > o.max_bytes) {
     std::fprintf(stderr, "hmc-bench: -b %zu is larger than -e %zu\n", o.min_bytes, o.max_bytes);
+    return 2;
+  }
+  if (auto spec = tools::parse_device_spec(o.device); !spec) {
+    std::fprintf(stderr, "hmc-bench: %s\n", spec.status().message().c_str());
     return 2;
   }
   if (!parse_dtypes(dtypes, o.dtypes) || !parse_ops(ops, o.ops)) return 2;

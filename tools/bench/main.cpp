@@ -3,10 +3,11 @@
 //   hmc-bench all_reduce -b 8 -e 64M -f 4 --local 4     4 ranks on this machine
 //   mpirun -np 8 -x HMC_ROOT=host:port hmc-bench ...    one rank per process (also torchrun)
 //   hmc-bench all_reduce                               no launcher: a single rank
+//   hmc-bench all_reduce --device cuda@0,1 --local 4   ranks 0, 1 on GPUs, 2, 3 on host memory
 #include <cstdio>
-#include <cstdlib>
 
 #include "cli.h"
+#include "device_spec.h"
 #include "local_ranks.h"
 
 using namespace hmc;
@@ -31,19 +32,23 @@ Result<Communicator> join(Context& ctx) {
   return Communicator::from_env(ctx);
 }
 
-// "cuda:1" as given; "cuda" = rank % the number of such devices this process sees.
-Result<DeviceId> pick_device(const Context& ctx, const std::string& spec, int rank) {
-  auto colon = spec.find(':');
-  std::string provider = spec.substr(0, colon);
-  int count = 0;
-  for (const auto& d : ctx.devices()) count += d.id.provider == provider;
-  if (count == 0) return Status(ErrorCode::kNotFound, "no device of provider '" + provider + "' (see hmc-probe)");
-  if (colon == std::string::npos) return DeviceId{provider, rank % count};
-  char* end = nullptr;
-  long index = std::strtol(spec.c_str() + colon + 1, &end, 10);
-  if (*end || index < 0 || index >= count)
-    return Status(ErrorCode::kInvalidArgument, "device '" + spec + "': index outside [0, " + std::to_string(count) + ")");
-  return DeviceId{provider, static_cast<int>(index)};
+// Each rank's device ("cuda:1") to rank 0, for the header; outside the timed part.
+Result<std::vector<std::string>> gather_devices(Communicator& comm, const DeviceId& mine) {
+  constexpr uint64_t kDeviceTag = 0x62656e6369;  // next to sweep.cpp's result tag
+  std::vector<std::string> all(comm.size());
+  char name[64] = {};
+  std::snprintf(name, sizeof name, "%s", mine.to_string().c_str());
+  if (comm.rank() != 0) {
+    HMC_RETURN_IF_ERROR(comm.send(name, sizeof name, 0, kDeviceTag));
+    return all;
+  }
+  all[0] = name;
+  for (int r = 1; r < comm.size(); ++r) {
+    HMC_RETURN_IF_ERROR(comm.recv(name, sizeof name, r, kDeviceTag));
+    name[sizeof name - 1] = 0;
+    all[r] = name;
+  }
+  return all;
 }
 
 int fail(const char* what, int rank, const Status& s) {
@@ -60,15 +65,22 @@ int run_rank(const Options& opt) {
   const int rank = comm->rank(), size = comm->size();
   if (traits(opt.coll).rooted && opt.root >= size)
     return fail("arguments", rank, {ErrorCode::kInvalidArgument, "root " + std::to_string(opt.root) + " >= " + std::to_string(size) + " ranks"});
-  auto device = pick_device(ctx.value(), opt.device, rank);
-  if (!device) return fail("device", rank, device.status());
+  auto spec = tools::parse_device_spec(opt.device);
+  if (!spec) return fail("arguments", rank, spec.status());
+  auto device = tools::pick_device(ctx.value(), comm.value(), spec.value());
+  if (!device) {
+    comm->abort();
+    return fail("device", rank, device.status());
+  }
+  auto devices = gather_devices(comm.value(), device.value());
+  if (!devices) return fail("devices", rank, devices.status());
 
   RunInfo info{size, opt.device + " (" + memory_name(opt.memory) + " memory)", {}};
   for (int r = 0; r < size; ++r) {
     const PeerInfo& p = comm->peer(r);
     char line[256];
     std::snprintf(line, sizeof line, "Rank %3d Pid %7d on %12s device %s", r, p.pid, p.hostname.c_str(),
-                  r == rank ? device->to_string().c_str() : opt.device.c_str());
+                  devices.value()[r].c_str());
     info.rank_lines.push_back(line);
   }
   Report report(opt, info);

@@ -3,6 +3,7 @@
 //   hmc-probe                  providers (with the reason when unavailable), devices, config
 //   hmc-probe config           the configuration table
 //   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
+//   --device cuda / cuda@0     ... with buffers on GPUs (GPU<->GPU), or rank 0 only (GPU<->CPU)
 //   --json                     machine-readable output
 #include <cstdio>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/config.h"
+#include "device_spec.h"
 #include "local_ranks.h"
 #include "probe.h"
 
@@ -49,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
   app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")->check(CLI::PositiveNumber);
   app.add_option("--timeout", timeout_s, "seconds before the local ranks are killed");
+  app.add_option("-g,--device", opt.device,
+                 "--local buffers on provider[:index][@ranks]: cuda = every rank on a GPU, cuda@0 = rank 0 on a GPU "
+                 "and the others on cpu")->capture_default_str();
   app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
   auto* config_cmd = app.add_subcommand("config", "print the configuration table");
   CLI11_PARSE(app, argc, argv);
@@ -58,11 +63,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.bytes = *bytes;
+  if (auto spec = tools::parse_device_spec(opt.device); !spec) {
+    std::fprintf(stderr, "hmc-probe: %s\n", spec.status().message().c_str());
+    return 2;
+  }
 
   if (rank_worker) return worker(opt, json);
   if (local > 0) {
     std::vector<std::string> args = {"--rank-worker", "-b", std::to_string(opt.bytes), "-n", std::to_string(opt.iters),
-                                     "--lat-iters", std::to_string(opt.lat_iters)};
+                                     "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
     if (json) args.push_back("--json");
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }

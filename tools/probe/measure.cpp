@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "device_spec.h"
+#include "hmc/collectives.h"
 #include "probe.h"
 
 namespace hmc::probe {
@@ -49,13 +51,43 @@ Result<double> latency(Communicator& c, int peer, bool first, int iters) {
   return seconds_since(t0) / iters / 2 * 1e6;
 }
 
+// Every rank's device name, on every rank.
+Result<std::vector<std::string>> all_devices(Communicator& c, const DeviceId& mine) {
+  constexpr std::size_t kLen = 32;
+  std::vector<char> names(kLen * c.size()), own(kLen);
+  std::snprintf(own.data(), kLen, "%s", mine.to_string().c_str());
+  HMC_RETURN_IF_ERROR(all_gather(c, own.data(), names.data(), kLen, DataType::kInt8).wait());
+  std::vector<std::string> out;
+  for (int r = 0; r < c.size(); ++r) out.emplace_back(names.data() + r * kLen, strnlen(names.data() + r * kLen, kLen));
+  return out;
+}
+
+// Host memory: shareable, what a provider needs for its fastest path (shm maps it
+// directly). Device memory: the device's own, filled through Context::copy.
+Result<Memory> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes) {
+  const bool host = dev.provider == "cpu";
+  auto buf = ctx.alloc(dev, bytes, host ? AllocKind::kShareable : AllocKind::kDefault);
+  if (!buf) return buf.status();
+  if (host) {
+    std::memset(buf->data(), 1, bytes);
+  } else {
+    std::vector<uint8_t> ones(bytes, 1);
+    HMC_RETURN_IF_ERROR(ctx.copy(buf->data(), ones.data(), bytes));
+  }
+  return buf;
+}
+
 }  // namespace
 
 Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, const MeasureOptions& opt) {
-  // Shareable memory: what a provider needs for its fastest path (shm maps it directly).
-  auto buf = ctx.alloc({"cpu", 0}, opt.bytes, AllocKind::kShareable);
+  auto spec = tools::parse_device_spec(opt.device);
+  if (!spec) return spec.status();
+  auto dev = tools::pick_device(ctx, c, spec.value());
+  if (!dev) return dev.status();
+  auto buf = buffer(ctx, dev.value(), opt.bytes);
   if (!buf) return buf.status();
-  std::memset(buf->data(), 1, opt.bytes);
+  auto devices = all_devices(c, dev.value());
+  if (!devices) return devices.status();
   std::vector<PairFigures> mine;
   for (int a = 0; a < c.size(); ++a) {
     for (int b = 0; b < c.size(); ++b) {
@@ -67,19 +99,24 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters);
       if (!lat) return lat.status();
-      if (c.rank() == a)
-        mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, bw.value(), lat.value()});
+      if (c.rank() == a) {
+        const auto& from = devices.value()[a], to = devices.value()[b];
+        const bool host = from.starts_with("cpu") && to.starts_with("cpu");
+        mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
+                        host ? "" : c.path(b).device_path, bw.value(), lat.value()});
+      }
     }
   }
   // Everyone's rows to rank 0 (as fixed-size records plus text).
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& f : mine)
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
-                    {"host", f.peer_host}, {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}});
+                    {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
+                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
-      all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["bw"], r["lat"]});
+      all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

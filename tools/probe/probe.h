@@ -14,6 +14,8 @@ namespace hmc::probe {
 struct PairFigures {
   int from = 0, to = 0;
   std::string provider, reason, peer_host;
+  std::string from_device, to_device;  // where the buffers were ("cuda:0", "cpu:0")
+  std::string device_path;             // how device memory moved (IPC, staging), empty for host memory
   double bandwidth_gbps = 0;  // one way, `bytes` per message
   double latency_us = 0;      // half round trip of 8 bytes
 };
@@ -22,6 +24,7 @@ struct MeasureOptions {
   std::size_t bytes = 64u << 20;
   int iters = 20;
   int lat_iters = 2000;
+  std::string device = "cpu";  // --device: provider[:index][@ranks] (tools/common/device_spec.h)
 };
 
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.

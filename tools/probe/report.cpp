@@ -58,13 +58,16 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
   std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s messages, latency half a round trip of 8 B)\n",
               size, human(bytes).c_str());
-  std::printf("  %-5s %-5s %-6s %10s %10s  %s\n", "from", "to", "path", "GB/s", "lat us", "why");
+  std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
+              "lat us", "why");
   for (const auto& f : figs)
-    std::printf("  %-5d %-5d %-6s %10.2f %10.1f  %s\n", f.from, f.to, f.provider.c_str(), f.bandwidth_gbps, f.latency_us,
-                f.reason.c_str());
+    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.1f  %s%s%s\n", f.from, f.to, f.from_device.c_str(),
+                f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, f.reason.c_str(),
+                f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
   std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
               human(bytes).c_str(), memcpy_ref, tcp_ref);
   for (const auto& f : figs) {
+    if (!f.from_device.starts_with("cpu") || !f.to_device.starts_with("cpu")) continue;  // GPU references: hmc-gpu-ref
     double ref = f.provider == "shm" ? memcpy_ref : f.provider == "tcp" ? tcp_ref : 0;
     if (ref > 0)
       std::printf("  %d->%d %s: %.0f%% of %s\n", f.from, f.to, f.provider.c_str(), 100 * f.bandwidth_gbps / ref,
@@ -77,7 +80,9 @@ nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::
   j["pairs"] = nlohmann::json::array();
   for (const auto& f : figs)
     j["pairs"].push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
-                          {"peer_host", f.peer_host}, {"bandwidth_gbps", f.bandwidth_gbps}, {"latency_us", f.latency_us}});
+                          {"peer_host", f.peer_host}, {"from_device", f.from_device}, {"to_device", f.to_device},
+                          {"device_path", f.device_path}, {"bandwidth_gbps", f.bandwidth_gbps},
+                          {"latency_us", f.latency_us}});
   return j;
 }
 
