@@ -79,12 +79,19 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
   auto key = std::make_pair(peer, offer.alloc_id);
   auto it = imports_.find(key);
   if (it == imports_.end()) {
+    if (imports_.size() >= kMaxImports) {
+      auto oldest = std::min_element(imports_.begin(), imports_.end(),
+                                     [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+      oldest->second.provider->dev->ipc_close(oldest->second.provider->state, oldest->second.ptr);
+      imports_.erase(oldest);
+    }
     void* ptr = nullptr;
     if (target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) != 0 || !ptr)
       return {ErrorCode::kUnsupported, "importing rank " + std::to_string(peer) + "'s " + offer.provider +
                                            " memory failed: " + provider_error(*target)};
-    it = imports_.emplace(key, Import{target, ptr}).first;
+    it = imports_.emplace(key, Import{target, ptr, 0}).first;
   }
+  it->second.last_use = ++uses_;
   LoadedProvider* by = copier(target, ctx_.provider_of(src));
   if (!by) return {ErrorCode::kUnsupported, "no provider copies from " + ctx_.provider_of(src)->name + " into " + offer.provider};
   void* dst = static_cast<uint8_t*>(it->second.ptr) + offer.offset;

@@ -59,7 +59,12 @@ class DeviceTransfers {
   struct Import {
     LoadedProvider* provider;
     void* ptr;
+    uint64_t last_use;
   };
+  // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
+  // comes and goes): beyond this many, the least recently used is closed.
+  static constexpr std::size_t kMaxImports = 64;
+  uint64_t uses_ = 0;
   std::map<std::pair<int, uint64_t>, Import> imports_;  // (peer, its alloc_id)
   std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle
   struct Staging {

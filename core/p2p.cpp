@@ -312,7 +312,7 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
   Status s = offer ? dev_.write(p.rank, offer.value(), it->second.buf, it->second.bytes) : offer.status();
   if (s.code() == ErrorCode::kUnsupported) {
     // This process cannot import the peer's memory: ask for a plain CTS and stop offering.
-    HMC_LOG("core", info, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
+    HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
     p.ipc_ok = false;
     std::string text = s.message();
     return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);

@@ -140,15 +140,9 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
   }
   const std::string key = key_of(h.mem);
   std::lock_guard lock(s->mutex);
+  // Keyed by the CUDA handle alone: an allocation freed and made again at the same address
+  // has a new handle, and must not reuse the old mapping.
   auto it = s->imports.find(key);
-  if (it == s->imports.end()) {  // the same allocation under other handle bytes?
-    for (auto j = s->imports.begin(); j != s->imports.end(); ++j) {
-      if (j->second.pid == h.pid && j->second.nonce == h.nonce && j->second.exporter_base == h.base) {
-        it = j;
-        break;
-      }
-    }
-  }
   if (it == s->imports.end()) {
     Import imp;
     imp.pid = h.pid;

@@ -1,5 +1,6 @@
 #include "device_support.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -18,12 +19,31 @@ std::string device_under_test() {
   return d && *d ? d : "emu";
 }
 
-std::string device_unavailable_reason() {
+namespace {
+
+std::string probe_reason() {
   auto ctx = Context::create();
   if (!ctx) return "no context: " + ctx.status().to_string();
   for (const auto& p : ctx->providers())
     if (p.name == device_under_test()) return p.available ? "" : "device provider " + p.name + " " + p.reason;
   return "device provider " + device_under_test() + " is not loaded (HMC_PROVIDER_PATH, HMC_PROVIDERS)";
+}
+
+}  // namespace
+
+// Asked in a child process: a vendor runtime initialised in the parent (CUDA, say) does
+// not survive the fork of the ranks that run_ranks starts later.
+std::string device_unavailable_reason() {
+  std::string reason = "the availability check did not finish";
+  auto exits = run_processes(1, [&](int) {
+    std::string why = probe_reason();
+    if (!why.empty()) std::printf("%s\n", why.c_str());
+    std::fflush(stdout);
+    return why.empty() ? 0 : 3;
+  }, std::chrono::seconds(60));
+  if (exits.size() == 1 && exits[0].exit_code == 0) return "";
+  if (exits.size() == 1 && exits[0].exit_code == 3) return "unavailable (the reason is printed above)";
+  return reason + ": " + describe(exits);
 }
 
 DeviceId device_for(Context& ctx, int rank) {

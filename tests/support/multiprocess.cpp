@@ -167,12 +167,27 @@ std::vector<uint8_t> random_bytes(std::size_t n, uint64_t seed) {
 }
 
 std::vector<std::string> available_net_providers() {
-  // Created and destroyed before any fork: no provider thread survives into the children.
+  // Asked in a child: a vendor runtime a device provider initialises (CUDA) would not
+  // survive into the ranks this process forks later. One name per line on a pipe.
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  auto exits = run_processes(1, [&](int) {
+    close(fds[0]);
+    auto ctx = Context::create();
+    if (!ctx) return 1;
+    std::string names;
+    for (const auto& p : ctx->providers())
+      if (p.kind == "net" && p.available) names += p.name + "\n";
+    return write(fds[1], names.data(), names.size()) == static_cast<ssize_t>(names.size()) ? 0 : 1;
+  }, std::chrono::seconds(60));
+  close(fds[1]);
+  std::string text;
+  char buf[256];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
   std::vector<std::string> out;
-  auto ctx = Context::create();
-  if (!ctx) return out;
-  for (const auto& p : ctx->providers())
-    if (p.kind == "net" && p.available) out.push_back(p.name);
+  if (!all_ok(exits)) return out;
+  for (std::size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) out.push_back(text.substr(at, nl - at));
   std::sort(out.begin(), out.end());
   return out;
 }
