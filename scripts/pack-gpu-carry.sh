@@ -51,6 +51,8 @@ for t in json.load(open(sys.argv[2])).get("tests", []):
     if c[0].startswith(build + "/bin/"): print(c[0][len(build) + 5:])
 ' "$build" "$tests_json")
 mapfile -t test_bins < <(sort -u <<<"$bins" | grep .)
+# Programs that already existed were not rebuilt above: bring them up to date too.
+ninja -C "$build" "${test_bins[@]/#/bin/}"
 
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib/test-providers" "$carry/deps/compat"

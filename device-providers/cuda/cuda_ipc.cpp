@@ -57,6 +57,12 @@ uint64_t check_word(const IpcHandle& h) {
 
 // Base and size of the allocation holding `ptr`, through the driver.
 int address_range(const State* s, const void* ptr, const char* what, uintptr_t* base, size_t* size) {
+  // The driver looks the range up in the current context: make it the pointer's device's
+  // (a process using GPU 1 may still have GPU 0 current).
+  PointerInfo pi;
+  DeviceGuard guard;
+  if (pointer_info(ptr, what, &pi) == HMC_PROV_OK && pi.device >= 0)
+    if (const int rc = guard.use(pi.device, what); rc != HMC_PROV_OK) return rc;
   CUdeviceptr b = 0;
   size_t n = 0;
   const CUresult res = s->drv.mem_get_address_range(&b, &n, reinterpret_cast<CUdeviceptr>(ptr));

@@ -21,17 +21,25 @@ int ordered_all_reduce(RankEnv& e, std::size_t count) {
   auto recv = DevBuf::make(e.ctx, dev, bytes);
   HMC_EXPECT(send.ok() && recv.ok(), "device allocation failed");
   // The device buffer starts with stale values; the real input arrives by a stream copy.
-  std::vector<int32_t> stale(count, -1000), input(count), result(count, 0);
+  // Host ends of stream copies are pinned: CUDA runs a copy to pageable memory on the
+  // calling thread, which would block it until the collective finished.
+  std::vector<int32_t> stale(count, -1000);
+  auto pinned_in = e.ctx.alloc(dev, bytes, AllocKind::kPinnedHost);
+  auto pinned_out = e.ctx.alloc(dev, bytes, AllocKind::kPinnedHost);
+  HMC_EXPECT(pinned_in.ok() && pinned_out.ok(), "pinned host allocation failed");
+  auto* input = static_cast<int32_t*>(pinned_in->data());
+  auto* result = static_cast<int32_t*>(pinned_out->data());
   for (std::size_t i = 0; i < count; ++i) input[i] = static_cast<int32_t>(i % 1000) + e.rank;
+  std::memset(result, 0, bytes);
   std::memcpy(send->host.data(), stale.data(), bytes);
   HMC_EXPECT_OK(send->push());
   auto stream = DeviceStream::create(e.ctx, dev);
   HMC_EXPECT(stream.ok(), stream.status().to_string());
-  HMC_EXPECT_OK(stream->copy_async(send->ptr(), input.data(), bytes));
+  HMC_EXPECT_OK(stream->copy_async(send->ptr(), input, bytes));
   CollOptions opt;
   opt.stream = stream->stream;
   Request r = all_reduce(e.comm, send->ptr(), recv->ptr(), count, DataType::kInt32, ReduceOp::kSum, opt);
-  HMC_EXPECT_OK(stream->copy_async(result.data(), recv->ptr(), bytes));
+  HMC_EXPECT_OK(stream->copy_async(result, recv->ptr(), bytes));
   HMC_EXPECT_OK(stream->synchronize(std::chrono::milliseconds(30000)));
   // The stream passed the collective: it has completed, and the result is the new input's.
   HMC_EXPECT(r.test(), "the stream ran past a collective that had not completed");
