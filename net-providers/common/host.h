@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <string>
 
 #include "hmc/provider/common.h"
@@ -34,6 +36,27 @@ class Host {
   hmc_host_services_t services_;
   const char* provider_;
 };
+
+// Runs fn(provider) for an ABI entry point whose state is a P (with host()): exceptions
+// become error codes, logged, so none crosses the C ABI.
+template <class P, class F>
+int guarded(void* state, F&& fn) {
+  if (state == nullptr) return HMC_PROV_ERR_INVALID;
+  auto* p = static_cast<P*>(state);
+  try {
+    return fn(*p);
+  } catch (const std::bad_alloc&) {
+    return HMC_PROV_ERR_NO_MEMORY;
+  } catch (const std::exception& e) {
+    try {
+      p->host().log(HMC_LOG_ERROR, std::string("unexpected error: ") + e.what());
+    } catch (...) {
+    }
+    return HMC_PROV_ERR_INTERNAL;
+  } catch (...) {
+    return HMC_PROV_ERR_INTERNAL;
+  }
+}
 
 // Parsers, exposed for reuse: "4M", "4MiB", "64k", "1048576"; "1/0/true/false/on/off/yes/no".
 bool parse_size(const std::string& text, uint64_t& out);

@@ -4,24 +4,9 @@ namespace hmc_net::ops {
 
 namespace {
 
-// Runs `fn` on the provider behind `state`; exceptions become error codes.
 template <class F>
 int guarded(void* state, F&& fn) {
-  if (state == nullptr) return HMC_PROV_ERR_INVALID;
-  auto* p = static_cast<StreamProvider*>(state);
-  try {
-    return fn(*p);
-  } catch (const std::bad_alloc&) {
-    return HMC_PROV_ERR_NO_MEMORY;
-  } catch (const std::exception& e) {
-    try {
-      p->host().log(HMC_LOG_ERROR, std::string("unexpected error: ") + e.what());
-    } catch (...) {
-    }
-    return HMC_PROV_ERR_INTERNAL;
-  } catch (...) {
-    return HMC_PROV_ERR_INTERNAL;
-  }
+  return hmc_net::guarded<StreamProvider>(state, std::forward<F>(fn));
 }
 
 }  // namespace

@@ -28,21 +28,7 @@ namespace {
 
 template <class F>
 int guarded(void* state, F&& fn) {
-  if (state == nullptr) return HMC_PROV_ERR_INVALID;
-  auto* p = static_cast<Provider*>(state);
-  try {
-    return fn(*p);
-  } catch (const std::bad_alloc&) {
-    return HMC_PROV_ERR_NO_MEMORY;
-  } catch (const std::exception& e) {
-    try {
-      p->host().log(HMC_LOG_ERROR, std::string("unexpected error: ") + e.what());
-    } catch (...) {
-    }
-    return HMC_PROV_ERR_INTERNAL;
-  } catch (...) {
-    return HMC_PROV_ERR_INTERNAL;
-  }
+  return hmc_net::guarded<Provider>(state, std::forward<F>(fn));
 }
 
 int init(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len) {
