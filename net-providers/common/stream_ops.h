@@ -1,8 +1,5 @@
-// The C ABI side of a stream provider: thunks that turn `void* state` into a
-// StreamProvider and make sure no exception crosses into the host.
-//
-// A transport's table points at these for everything but init and props:
-//   .init = hmc_net::init<TcpProvider>, .listen = hmc_net::ops::listen, ...
+// The C ABI side of a stream provider: init, fini, props and progress here, the per-method
+// entry points in common/thunks.h; stream_table() builds a transport's whole table.
 #pragma once
 
 #include <memory>
@@ -10,29 +7,13 @@
 #include <string>
 
 #include "common/stream_provider.h"
+#include "common/thunks.h"
 
 namespace hmc_net {
 
 namespace ops {
 void fini(void* state);
 int fill_props(void* state, hmc_net_props_t* props, double latency_us, double bandwidth_gbps);
-int listen(void* state, const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len,
-           void** listener);
-int close_listener(void* state, void* listener);
-int connect(void* state, const void* addr, size_t addr_len, const void* hello, size_t hello_len,
-            void** conn);
-int conn_status(void* state, void* conn);
-int accept(void* state, void* listener, void** conn, void* hello, size_t hello_cap,
-           size_t* hello_len);
-int close_conn(void* state, void* conn);
-int send_msg(void* state, void* conn, const void* buf, size_t len, void** req);
-int recv_msg(void* state, void* conn, void* buf, size_t cap, void** req);
-int reg_mem(void* state, void* ptr, size_t bytes, int mem_kind, void** mr);
-int dereg_mem(void* state, void* mr);
-int pack_rkey(void* state, void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
-int put(void* state, void* conn, const void* src, size_t len, void* local_mr, const void* rkey,
-        size_t rkey_len, uint64_t offset, void** req);
-int test(void* state, void* req, int* done, size_t* bytes, char* message, size_t message_cap);
 int progress(void* state);
 }  // namespace ops
 
@@ -86,19 +67,19 @@ constexpr hmc_net_provider_t stream_table(const char* name, uint64_t caps, const
       .init = init<P>,
       .fini = ops::fini,
       .props = props,
-      .listen = ops::listen,
-      .close_listener = ops::close_listener,
-      .connect = ops::connect,
-      .conn_status = ops::conn_status,
-      .accept = ops::accept,
-      .close_conn = ops::close_conn,
-      .send_msg = ops::send_msg,
-      .recv_msg = ops::recv_msg,
-      .reg_mem = ops::reg_mem,
-      .dereg_mem = ops::dereg_mem,
-      .pack_rkey = ops::pack_rkey,
-      .put = ops::put,
-      .test = ops::test,
+      .listen = Thunks<StreamProvider>::listen,
+      .close_listener = Thunks<StreamProvider>::close_listener,
+      .connect = Thunks<StreamProvider>::connect,
+      .conn_status = Thunks<StreamProvider>::conn_status,
+      .accept = Thunks<StreamProvider>::accept,
+      .close_conn = Thunks<StreamProvider>::close_conn,
+      .send_msg = Thunks<StreamProvider>::send_msg,
+      .recv_msg = Thunks<StreamProvider>::recv_msg,
+      .reg_mem = Thunks<StreamProvider>::reg_mem,
+      .dereg_mem = Thunks<StreamProvider>::dereg_mem,
+      .pack_rkey = Thunks<StreamProvider>::pack_rkey,
+      .put = Thunks<StreamProvider>::put,
+      .test = Thunks<StreamProvider>::test,
       .progress = ops::progress,
   };
 }

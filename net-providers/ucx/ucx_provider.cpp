@@ -21,15 +21,11 @@
 #include <memory>
 #include <new>
 
+#include "common/thunks.h"
 #include "provider.h"
 
 namespace hmc_ucx {
 namespace {
-
-template <class F>
-int guarded(void* state, F&& fn) {
-  return hmc_net::guarded<Provider>(state, std::forward<F>(fn));
-}
 
 int init(const hmc_host_services_t* host, void** state, char* reason, size_t reason_len) {
   std::string why;
@@ -65,7 +61,7 @@ void fini(void* state) {
 
 int props(void* state, hmc_net_props_t* props) {
   if (props == nullptr || props->struct_size < sizeof(hmc_net_props_t)) return HMC_PROV_ERR_INVALID;
-  return guarded(state, [&](Provider& p) {
+  return hmc_net::guarded<Provider>(state, [&](Provider& p) {
     p.props(*props);
     return HMC_PROV_OK;
   });
@@ -82,47 +78,20 @@ constexpr hmc_net_provider_t kTable = {
     .init = init,
     .fini = fini,
     .props = props,
-    .listen = [](void* s, const char* hint, void* addr, size_t cap, size_t* len, void** l) {
-      return guarded(s, [&](Provider& p) { return p.listen(hint, addr, cap, len, l); });
-    },
-    .close_listener = [](void* s, void* l) {
-      return guarded(s, [&](Provider& p) { return p.close_listener(l); });
-    },
-    .connect = [](void* s, const void* addr, size_t len, const void* hello, size_t hlen, void** c) {
-      return guarded(s, [&](Provider& p) { return p.connect(addr, len, hello, hlen, c); });
-    },
-    .conn_status = [](void* s, void* c) {
-      return guarded(s, [&](Provider& p) { return p.conn_status(c); });
-    },
-    .accept = [](void* s, void* l, void** c, void* hello, size_t cap, size_t* len) {
-      return guarded(s, [&](Provider& p) { return p.accept(l, c, hello, cap, len); });
-    },
-    .close_conn = [](void* s, void* c) {
-      return guarded(s, [&](Provider& p) { return p.close_conn(c); });
-    },
-    .send_msg = [](void* s, void* c, const void* buf, size_t len, void** req) {
-      return guarded(s, [&](Provider& p) { return p.send_msg(c, buf, len, req); });
-    },
-    .recv_msg = [](void* s, void* c, void* buf, size_t cap, void** req) {
-      return guarded(s, [&](Provider& p) { return p.recv_msg(c, buf, cap, req); });
-    },
-    .reg_mem = [](void* s, void* ptr, size_t bytes, int kind, void** mr) {
-      return guarded(s, [&](Provider& p) { return p.reg_mem(ptr, bytes, kind, mr); });
-    },
-    .dereg_mem = [](void* s, void* mr) {
-      return guarded(s, [&](Provider& p) { return p.dereg_mem(mr); });
-    },
-    .pack_rkey = [](void* s, void* mr, void* rkey, size_t cap, size_t* len) {
-      return guarded(s, [&](Provider& p) { return p.pack_rkey(mr, rkey, cap, len); });
-    },
-    .put = [](void* s, void* c, const void* src, size_t len, void*, const void* rkey,
-              size_t rkey_len, uint64_t offset, void** req) {
-      return guarded(s, [&](Provider& p) { return p.put(c, src, len, rkey, rkey_len, offset, req); });
-    },
-    .test = [](void* s, void* req, int* done, size_t* bytes, char* msg, size_t cap) {
-      return guarded(s, [&](Provider& p) { return p.test(req, done, bytes, msg, cap); });
-    },
-    .progress = [](void* s) { return guarded(s, [&](Provider& p) { return p.progress(); }); },
+    .listen = hmc_net::Thunks<Provider>::listen,
+    .close_listener = hmc_net::Thunks<Provider>::close_listener,
+    .connect = hmc_net::Thunks<Provider>::connect,
+    .conn_status = hmc_net::Thunks<Provider>::conn_status,
+    .accept = hmc_net::Thunks<Provider>::accept,
+    .close_conn = hmc_net::Thunks<Provider>::close_conn,
+    .send_msg = hmc_net::Thunks<Provider>::send_msg,
+    .recv_msg = hmc_net::Thunks<Provider>::recv_msg,
+    .reg_mem = hmc_net::Thunks<Provider>::reg_mem,
+    .dereg_mem = hmc_net::Thunks<Provider>::dereg_mem,
+    .pack_rkey = hmc_net::Thunks<Provider>::pack_rkey,
+    .put = hmc_net::Thunks<Provider>::put,
+    .test = hmc_net::Thunks<Provider>::test,
+    .progress = [](void* s) { return hmc_net::guarded<Provider>(s, [&](Provider& p) { return p.progress(); }); },
 };
 
 }  // namespace
