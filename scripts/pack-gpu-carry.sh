@@ -52,7 +52,7 @@ for t in json.load(open(sys.argv[2])).get("tests", []):
 ' "$build" "$tests_json")
 mapfile -t test_bins < <(sort -u <<<"$bins" | grep .)
 # Programs that already existed were not rebuilt above: bring them up to date too.
-ninja -C "$build" "${test_bins[@]/#/bin/}"
+[ ${#test_bins[@]} -eq 0 ] || ninja -C "$build" "${test_bins[@]/#/bin/}"
 
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib/test-providers" "$carry/deps/compat"
