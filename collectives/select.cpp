@@ -15,11 +15,12 @@ constexpr std::array<const char*, kNumCollKinds> kKindNames = {
 constexpr std::array<const char*, 8> kAlgoNames = {"auto", "ring", "rd", "rhd", "tree", "pairwise", "linear", "dissemination"};
 
 // Thresholds of the automatic choice, from hmc-bench sweeps of every algorithm on the
-// 2-core host with shm, 2 to 4 ranks (docs/collectives.md): a message costs tens of
-// microseconds there whatever its size, so fewer, larger messages win well into the MiB.
+// 2-core host with shm, 2 to 4 ranks (docs/collectives.md). Since shm carries messages
+// in shared-memory rings (a few microseconds each), all_reduce is ring from 128 KiB up:
+// at 512 KiB it took 140 us against 240 (rd) and 380-1900 (tree) with 2 ranks, and
+// 770 us against 980 (rhd) and 2300-3200 (tree) with 4.
 constexpr std::size_t kAllReduceRdMax = 16 << 10;     // recursive doubling up to here,
-constexpr std::size_t kAllReduceRhdMax = 64 << 10;    // then Rabenseifner,
-constexpr std::size_t kAllReduceTreeMax = 1 << 20;    // then pipelined reduce + broadcast, then ring
+constexpr std::size_t kAllReduceRhdMax = 64 << 10;    // then Rabenseifner, then ring
 constexpr std::size_t kGatherRdMax = 64 << 20;        // all_gather / reduce_scatter, power-of-two ranks: total bytes
 constexpr std::size_t kTreeMax = 64 << 10;            // broadcast / reduce: binomial up to here, then chain
 constexpr std::size_t kAllToAllLinearMax = 256 << 10; // per-peer block, above 4 ranks
@@ -65,7 +66,6 @@ Algo by_rule(CollKind k, std::size_t bytes, int n) {
     case CollKind::kAllReduce:
       if (bytes <= kAllReduceRdMax) return Algo::kRd;
       if (bytes <= kAllReduceRhdMax) return Algo::kRhd;
-      if (bytes <= kAllReduceTreeMax) return Algo::kTree;
       return Algo::kRing;
     case CollKind::kAllGather:
     case CollKind::kReduceScatter: return is_pow2(n) && bytes <= kGatherRdMax ? Algo::kRd : Algo::kRing;

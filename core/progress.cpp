@@ -4,6 +4,11 @@
 #include <thread>
 
 namespace hmc::core {
+namespace {
+// The first sleep after polls close together (progress.h); longer than the gap
+// net-providers/common/msg_ring.h takes for a reader that stopped polling.
+constexpr std::chrono::microseconds kQuietTime{200};
+}  // namespace
 
 void ProgressEngine::add(Progressable* p) {
   std::lock_guard lock(mu_);
@@ -22,16 +27,23 @@ void ProgressEngine::add_poller(std::function<bool()> poll) {
 
 bool ProgressEngine::progress() {
   // Copy under the lock, run without it: a communicator's progress may take a while.
-  std::vector<Progressable*> items;
+  // The copy reuses this thread's buffer (waiters call this in a tight loop), unless
+  // this call is nested in another.
+  thread_local std::vector<Progressable*> reused;
+  thread_local int depth = 0;
+  std::vector<Progressable*> nested;
+  std::vector<Progressable*>& items = depth == 0 ? reused : nested;
   std::vector<std::function<bool()>>* pollers;
   {
     std::lock_guard lock(mu_);
-    items = items_;
+    items.assign(items_.begin(), items_.end());
     pollers = &pollers_;  // only appended to during Context creation, before any wait
   }
+  ++depth;
   bool any = false;
   for (auto& poll : *pollers) any |= poll();
   for (Progressable* p : items) any |= p->progress();
+  --depth;
   return any;
 }
 
@@ -46,18 +58,23 @@ void ProgressEngine::wake() {
 bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_point deadline) {
   constexpr int kSpins = 200;
   int idle = 0;
+  Clock::time_point last_poll{};
   while (true) {
     uint64_t seen = wakes_.load(std::memory_order_acquire);
     bool moved = progress();
     if (done()) return true;
     if (closed_) return done();
     auto now = Clock::now();
+    // Polls close together may have told providers that this thread is polling (see
+    // progress.h): the first sleep after them is short, and the poll after it is not.
+    const bool polling = now - last_poll < kQuietTime;
+    last_poll = now;
     if (now >= deadline) return false;
     if (moved) { idle = 0; continue; }
     if (++idle < kSpins) { std::this_thread::yield(); continue; }
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1);
-    auto until = std::min(deadline, now + std::chrono::milliseconds(1));
+    auto until = std::min(deadline, now + (polling ? kQuietTime : std::chrono::milliseconds(1)));
     cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
     sleepers_.fetch_sub(1);
   }

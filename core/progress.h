@@ -6,6 +6,13 @@
 // Progressable (communicators) once. Waiters spin briefly, then sleep on a condition
 // variable until a wake or 1 ms passes.
 //
+// A waiter whose last two polls came less than kQuietTime (progress.cpp) apart sleeps
+// at most kQuietTime, then polls again, before any longer sleep. A provider may
+// therefore take calls to its `progress` that come close together as a caller that is
+// polling, and wake the host only for what arrives otherwise: shm's message rings do
+// (net-providers/common/msg_ring.h), so a message that lands just as the waiter goes to
+// sleep is seen after at most kQuietTime.
+//
 // Lock order: Progressable's own mutex (taken with try_lock by progress) before
 // ProgressEngine::mu_ (held only to copy the list or to sleep).
 #pragma once

@@ -17,6 +17,10 @@ namespace {
 // Largest message a caller thread writes itself; bigger ones go to the io
 // thread at once (a caller should not spend long copying into the socket).
 constexpr size_t kCallerWriteMax = 64 * 1024;
+// Largest direct put a caller thread runs itself when nothing is queued: the
+// copy takes about as long as a hop to the io thread and back at the low end,
+// and is what the caller waits for anyway (rendezvous, see core/p2p.cpp).
+constexpr size_t kCallerPutMax = size_t{1} << 20;
 // Back-to-back sends with no message received in between are a stream: after
 // kCallerStreak of them the rest go through the io thread, which writes up to
 // 32 frames per sendmsg (per-message syscalls from the caller cut the rate of
@@ -30,6 +34,8 @@ Connection::Connection(StreamProvider& owner, Socket socket, std::string peer)
       socket_(std::move(socket)),
       fd_(socket_.native_handle()),
       peer_(std::move(peer)),
+      tx_mode_(owner.uses_rings() ? TxMode::pending : TxMode::socket),
+      rx_ring_(owner.uses_rings() ? owner.make_rx_ring() : nullptr),
       stage_(new char[kStageSize]) {}
 
 void Connection::queue_hello(const void* hello, size_t len) {
@@ -40,8 +46,26 @@ void Connection::queue_hello(const void* hello, size_t len) {
     std::memcpy(item.owned.get(), hello, len);
     item.data = item.owned.get();
   }
+  {
+    std::lock_guard lock(mu_);
+    send_q_.push_back(std::move(item));
+  }
+  queue_offer();
+}
+
+// This side's ring (or none): the connector's second frame, after its hello; the
+// acceptor's first, once the hello arrived (no ring for strangers).
+void Connection::queue_offer() {
+  if (tx_mode_ == TxMode::socket) return;  // the transport has no rings
+  const RingOffer offer = rx_ring_ ? rx_ring_->offer() : RingOffer{};
+  OutItem item;
+  item.hdr = make_header(FrameType::ring, sizeof(offer));
+  item.owned.reset(new char[sizeof(offer)]);
+  std::memcpy(item.owned.get(), &offer, sizeof(offer));
+  item.data = item.owned.get();
   std::lock_guard lock(mu_);
   send_q_.push_back(std::move(item));
+  kick_locked();
 }
 
 void Connection::start_connect(const Endpoint& endpoint) {
@@ -88,21 +112,28 @@ int Connection::send_msg(const void* buf, size_t len, Request* req) {
   std::unique_lock lock(mu_);
   const int s = state_.load(std::memory_order_relaxed);
   if (s < 0) return s;
+  if (tx_mode_ == TxMode::ring && send_q_.empty() && !direct_busy_ && !caller_putting_) {
+    // Nothing ahead of it: straight into the peer's ring (see connection.h). What
+    // does not fit is queued before the lock is let go (ring_bell may), so no other
+    // message slips in between its records.
+    const bool whole = ring_write_locked(item);
+    const bool wrote = item.ring_started;
+    if (!whole) {
+      send_q_.push_back(std::move(item));
+      kick_locked();
+    }
+    if (wrote && tx_ring_->reader_idle(SharedRing::now_ns())) ring_bell(lock);
+    lock.unlock();
+    if (whole) req->complete(len);
+    return HMC_PROV_OK;
+  }
   if (now - last_send_ > kCallerGap) caller_streak_ = 0;
   last_send_ = now;
-  if (s == HMC_PROV_OK && len <= kCallerWriteMax && send_q_.empty() && !pump_armed_ &&
-      !caller_writing_ && caller_streak_ < kCallerStreak) {
+  if (s == HMC_PROV_OK && tx_mode_ == TxMode::socket && len <= kCallerWriteMax &&
+      send_q_.empty() && !pump_armed_ && !caller_writing_ && caller_streak_ < kCallerStreak) {
     // The writer is idle: write the frame from this thread (see connection.h).
     ++caller_streak_;
-    caller_writing_ = true;
-    lock.unlock();
-    const bool whole = send_now(item);
-    lock.lock();
-    caller_writing_ = false;
-    if (!whole) send_q_.push_front(std::move(item));  // before anything queued meanwhile
-    if (!send_q_.empty() || ctrl_waiting_) kick_locked();
-    ctrl_waiting_ = false;
-    if (close_waiting_) writer_done_.notify_all();
+    const bool whole = caller_write(lock, item);
     lock.unlock();
     if (whole) req->complete(len);
     return HMC_PROV_OK;
@@ -110,6 +141,36 @@ int Connection::send_msg(const void* buf, size_t len, Request* req) {
   send_q_.push_back(std::move(item));
   kick_locked();
   return HMC_PROV_OK;
+}
+
+// Writes `item` from this thread while the writer is idle (pump_armed_ and
+// caller_writing_ false, lock held); what the socket did not take goes first in
+// the queue. True when it took all.
+bool Connection::caller_write(std::unique_lock<std::mutex>& lock, OutItem& item) {
+  caller_writing_ = true;
+  lock.unlock();
+  const bool whole = send_now(item);
+  lock.lock();
+  caller_writing_ = false;
+  if (!whole) send_q_.push_front(std::move(item));  // before anything queued meanwhile
+  if (!send_q_.empty() || ctrl_waiting_ || bell_due_) kick_locked();
+  ctrl_waiting_ = false;
+  if (close_waiting_) writer_done_.notify_all();
+  return whole;
+}
+
+// Tells the peer to read its ring (or that this side's ring has room again):
+// from this thread when the writer is idle, else through the io thread.
+void Connection::ring_bell(std::unique_lock<std::mutex>& lock) {
+  if (state_.load(std::memory_order_relaxed) != HMC_PROV_OK) return;
+  if (pump_armed_ || caller_writing_) {
+    bell_due_ = true;
+    kick_locked();
+    return;
+  }
+  OutItem bell;
+  bell.hdr = make_header(FrameType::bell, 0);
+  caller_write(lock, bell);
 }
 
 // One non-blocking sendmsg of the whole frame from a caller thread holding the
@@ -130,25 +191,71 @@ bool Connection::send_now(OutItem& item) {
   return item.skip == sizeof(FrameHeader) + item.hdr.length;
 }
 
+Connection::OutItem Connection::stream_put(const char* src, uint64_t len, const Rkey& rkey,
+                                           uint64_t offset, Request* req) {
+  OutItem item;
+  item.hdr = make_header(FrameType::put, len);
+  item.hdr.region = rkey.region;
+  item.hdr.key = rkey.key;
+  item.hdr.offset = offset;
+  item.data = src;
+  item.req = req;
+  return item;
+}
+
 int Connection::put(const void* src, size_t len, const Rkey& rkey, uint64_t offset, bool direct,
                     Request* req) {
+  const auto* data = static_cast<const char*>(src);
   OutItem item;
-  item.req = req;
   if (direct) {
+    item.req = req;
     item.direct = std::make_unique<DirectPut>();
-    *item.direct = DirectPut{static_cast<const char*>(src), len, offset, rkey, 0};
+    *item.direct = DirectPut{data, len, offset, rkey, 0};
   } else {
-    item.hdr = make_header(FrameType::put, len);
-    item.hdr.region = rkey.region;
-    item.hdr.key = rkey.key;
-    item.hdr.offset = offset;
-    item.data = static_cast<const char*>(src);
+    item = stream_put(data, len, rkey, offset, req);
   }
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (int s = state_.load(std::memory_order_relaxed); s < 0) return s;
+  // Ring messages would overtake a put through the socket (shm maps rings only
+  // where direct puts work).
+  if (tx_mode_ == TxMode::ring && !direct) return HMC_PROV_ERR_UNSUPPORTED;
+  if (direct && len <= kCallerPutMax && send_q_.empty() && !direct_busy_ && !caller_putting_) {
+    caller_put(lock, *item.direct, req);
+    return HMC_PROV_OK;
+  }
   send_q_.push_back(std::move(item));
   kick_locked();
   return HMC_PROV_OK;
+}
+
+// Runs a direct put on this thread while nothing is queued (lock held; let go
+// while copying). Messages sent meanwhile wait in the queue behind it.
+void Connection::caller_put(std::unique_lock<std::mutex>& lock, DirectPut& put, Request* req) {
+  caller_putting_ = true;
+  lock.unlock();
+  std::string why;
+  int rc;
+  do {
+    rc = owner_.direct_put(*this, put, SIZE_MAX, why);
+  } while (rc == kDirectMore);
+  lock.lock();
+  caller_putting_ = false;
+  if (close_waiting_) writer_done_.notify_all();
+  if (rc == kDirectUseStream && tx_mode_ != TxMode::ring &&
+      state_.load(std::memory_order_relaxed) == HMC_PROV_OK) {
+    send_q_.push_front(stream_put(put.src, put.len, put.rkey, put.offset, req));
+    kick_locked();
+    return;
+  }
+  if (!send_q_.empty()) kick_locked();
+  lock.unlock();
+  if (rc == HMC_PROV_OK) {
+    req->complete(put.len);
+  } else if (rc == kDirectUseStream) {
+    req->fail(HMC_PROV_ERR_UNSUPPORTED, "put to " + peer_ + ": direct write refused");
+  } else {
+    req->fail(rc, why);
+  }
 }
 
 int Connection::recv_msg(void* buf, size_t cap, Request* req) {
@@ -169,11 +276,47 @@ int Connection::recv_msg(void* buf, size_t cap, Request* req) {
   return HMC_PROV_OK;
 }
 
+void Connection::fail_truncated(const PostedRecv& r, uint64_t len) {
+  r.req->fail(HMC_PROV_ERR_TRUNCATED, "message of " + std::to_string(len) +
+                                          " bytes does not fit the posted buffer of " +
+                                          std::to_string(r.cap) + " bytes");
+}
+
+Connection::PostedRecv Connection::match_posted(uint64_t len, bool& truncated) {
+  PostedRecv r{nullptr, 0, nullptr};
+  truncated = false;
+  {
+    std::lock_guard lock(mu_);
+    caller_streak_ = 0;  // a reply: the next send may be written by its caller
+    if (posted_.empty()) return r;
+    r = posted_.front();
+    posted_.pop_front();
+  }
+  if (len > r.cap) {
+    fail_truncated(r, len);
+    truncated = true;
+  }
+  return r;
+}
+
+bool Connection::settle(Message& m) {
+  PostedRecv r{nullptr, 0, nullptr};
+  {
+    std::lock_guard lock(mu_);
+    if (posted_.empty()) {
+      unexpected_.push_back(std::move(m));
+      return false;
+    }
+    r = posted_.front();
+    posted_.pop_front();
+  }
+  deliver(r, m);
+  return true;
+}
+
 void Connection::deliver(const PostedRecv& r, Message& m) {
   if (m.len > r.cap) {
-    r.req->fail(HMC_PROV_ERR_TRUNCATED, "message of " + std::to_string(m.len) +
-                                            " bytes does not fit the posted buffer of " +
-                                            std::to_string(r.cap) + " bytes");
+    fail_truncated(r, m.len);
   } else {
     if (m.len > 0) std::memcpy(r.buf, m.data.get(), m.len);
     r.req->complete(m.len);
@@ -189,6 +332,9 @@ void Connection::flush_wake() {
 void Connection::close(int code, const std::string& why) {
   if (closed_) return;
   closed_ = true;
+  // Messages the peer wrote before it was lost are still delivered, as from the socket.
+  if (code != HMC_PROV_ERR_CLOSED) poll_ring(0);
+  fail_ring_in(code, why);
   std::deque<OutItem> queued;
   std::deque<PostedRecv> posted;
   {
@@ -198,7 +344,7 @@ void Connection::close(int code, const std::string& why) {
     // A caller writing a frame itself is done within one non-blocking sendmsg;
     // the descriptor stays open until then. It queues what it did not send.
     close_waiting_ = true;
-    writer_done_.wait(lock, [this] { return !caller_writing_; });
+    writer_done_.wait(lock, [this] { return !caller_writing_ && !caller_putting_; });
     close_waiting_ = false;
     queued.swap(send_q_);
     posted.swap(posted_);

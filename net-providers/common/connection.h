@@ -15,6 +15,8 @@
 // writes nothing (kick_locked and queue_ctrl defer to the caller, who arms the
 // pump when it lets go), and close() waits for it before closing the socket.
 // Such a request completes before send_msg returns (no wake needed).
+// Likewise a direct put up to 1 MiB that finds nothing queued runs on its
+// caller's thread (caller_putting_), and the queue waits behind it.
 //
 // Writes are FIFO: frames leave in the order send_msg/put were called, as one
 // scatter/gather write of headers and user buffers (user data is never copied).
@@ -27,6 +29,18 @@
 // large payloads are received straight into the posted receive buffer or the
 // registered region. Puts into a region are bounds- and key-checked here, on
 // the target, whatever the sender checked.
+//
+// Message rings (msg_ring.h; transports whose StreamProvider::uses_rings, shm).
+// Each side offers its incoming ring as its first frame (after the hello) and
+// holds its messages until the peer's offer arrives; then it writes them all
+// into the peer's ring, or all through the socket when it cannot map it. So
+// one direction never mixes the two, and a receiver reads both. A message
+// finds its way into the ring from the caller of send_msg when nothing is
+// queued ahead of it (no thread hop), else from the io thread in queue order,
+// so direct puts keep the ordering contract. The ring is read by poll_ring,
+// from the provider's progress (caller threads, under rx_mu_) and from the io
+// thread when a bell frame says the caller threads stopped polling.
+// Lock order: rx_mu_ -> mu_.
 #pragma once
 
 #include <atomic>
@@ -42,6 +56,7 @@
 #include <vector>
 
 #include "common/frame.h"
+#include "common/msg_ring.h"
 #include "common/request.h"
 #include "common/rkey.h"
 
@@ -93,6 +108,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
           Request* req);
   const std::vector<char>& hello() const { return hello_; }
 
+  // Any thread: reads what the peer wrote into this side's message ring, stamping
+  // the ring as polled when `stamp_ns` is not 0. True when a request completed.
+  bool poll_ring(int64_t stamp_ns);
+  bool has_ring() const { return rx_ring_ != nullptr; }
+
   // io thread: fail everything pending with `code` and close the socket.
   void close(int code, const std::string& why);
 
@@ -116,6 +136,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::unique_ptr<char[]> owned;  // hello and nak text are copied
     Request* req = nullptr;
     std::unique_ptr<DirectPut> direct;
+    uint64_t ring_done = 0;  // payload bytes already in the peer's ring
+    bool ring_started = false;
   };
   struct PostedRecv {
     char* buf;
@@ -132,7 +154,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint64_t seq;
   };
   static constexpr size_t kStageSize = 64 * 1024;  // headers and small payloads
-  enum class Sink : uint8_t { none, hello, recv, unexpected, put, refused_put, nak_text, discard };
+  enum class Sink : uint8_t { none, hello, recv, unexpected, put, refused_put, nak_text, discard, offer };
+  // Where this side's messages go: held until the peer's ring offer arrived, then
+  // the socket or the peer's ring for good.
+  enum class TxMode : uint8_t { pending, socket, ring };
+  // The message being read out of the ring (under rx_mu_).
+  struct RingIn {
+    bool active = false;
+    bool discard = false;  // the posted buffer was too small: drop the payload
+    Request* req = nullptr;
+    char* dest = nullptr;
+    uint64_t total = 0;
+    uint64_t got = 0;
+    Message msg;  // unexpected: buffered here until a receive is posted
+  };
   // The frame being received.
   struct Incoming {
     FrameHeader hdr{};
@@ -147,8 +182,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool closed() const { return closed_; }
   void kick_locked();
+  static OutItem stream_put(const char* src, uint64_t len, const Rkey& rkey, uint64_t offset,
+                            Request* req);
+  void caller_put(std::unique_lock<std::mutex>& lock, DirectPut& put, Request* req);
+  bool caller_write(std::unique_lock<std::mutex>& lock, OutItem& item);
   bool send_now(OutItem& item);
+  void queue_offer();
+  void on_offer();
+  bool is_msg(const OutItem& item) const;
+  bool ring_write_locked(OutItem& item);
+  bool fill_ring_locked();
+  void ring_bell(std::unique_lock<std::mutex>& lock);
+  bool ring_take(const RingRecord& rec, bool& delivered, std::string& why);
+  bool ring_finish();
+  void fail_ring_in(int code, const std::string& why);
+  // The oldest posted receive, for a message of `len` bytes (req nullptr: none
+  // posted). One too small is failed here, with `truncated` set.
+  PostedRecv match_posted(uint64_t len, bool& truncated);
+  void fail_truncated(const PostedRecv& r, uint64_t len);
   void deliver(const PostedRecv& r, Message& m);  // completes r; no wake
+  // A message that arrived with no receive posted: into the one posted meanwhile
+  // (true: a request completed) or kept as unexpected.
+  bool settle(Message& m);
   void flush_wake();                              // io thread: wakes the host if due
   void lost(const boost::system::error_code& ec);
   bool protocol_error(const std::string& what);
@@ -199,6 +254,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::steady_clock::time_point last_send_{};
   bool close_waiting_ = false;  // close() waits on writer_done_ for the caller
   std::condition_variable writer_done_;
+  TxMode tx_mode_;
+  std::unique_ptr<SharedRing> tx_ring_;  // the peer's ring, written under mu_
+  bool direct_busy_ = false;             // the io thread runs a direct put
+  bool caller_putting_ = false;          // a caller runs one (close() waits for it)
+  bool bell_due_ = false;                // the io thread owes the peer a bell
+
+  // This side's ring (set at construction) and the reader's state.
+  const std::unique_ptr<SharedRing> rx_ring_;
+  std::mutex rx_mu_;
+  RingIn ring_in_;
+  bool rx_closed_ = false;
+  RingOffer offer_in_{};  // io thread: the peer's offer being received
 
   // io thread only.
   bool closed_ = false;

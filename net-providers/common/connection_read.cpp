@@ -132,23 +132,13 @@ bool Connection::on_header() {
     case FrameType::msg: {
       if (h.length > kMaxMessage)
         return protocol_error("message of " + std::to_string(h.length) + " bytes");
-      PostedRecv r{nullptr, 0, nullptr};
-      {
-        std::lock_guard lock(mu_);
-        caller_streak_ = 0;  // a reply: the next send may be written by its caller
-        if (!posted_.empty()) {
-          r = posted_.front();
-          posted_.pop_front();
-        }
-      }
+      bool truncated;
+      const PostedRecv r = match_posted(h.length, truncated);
       if (r.req == nullptr) {
         in_.msg.data.reset(new char[h.length > 0 ? h.length : 1]);
         in_.msg.len = h.length;
         begin_payload(Sink::unexpected, in_.msg.data.get(), h.length);
-      } else if (h.length > r.cap) {
-        r.req->fail(HMC_PROV_ERR_TRUNCATED, "message of " + std::to_string(h.length) +
-                                                " bytes does not fit the posted buffer of " +
-                                                std::to_string(r.cap) + " bytes");
+      } else if (truncated) {
         wake_due_ = true;
         begin_payload(Sink::discard, nullptr, h.length);
       } else {
@@ -191,6 +181,24 @@ bool Connection::on_header() {
       in_.why.resize(h.length);
       begin_payload(Sink::nak_text, in_.why.data(), h.length);
       return !closed();
+    }
+    case FrameType::ring: {
+      bool pending;
+      {
+        std::lock_guard lock(mu_);
+        pending = tx_mode_ == TxMode::pending;
+      }
+      if (!pending || h.length != sizeof(RingOffer))
+        return protocol_error("unexpected message ring offer");
+      begin_payload(Sink::offer, reinterpret_cast<char*>(&offer_in_), h.length);
+      return !closed();
+    }
+    case FrameType::bell: {
+      if (h.length != 0) return protocol_error("bell with a payload");
+      poll_ring(0);  // the peer wrote while nobody here polled
+      std::lock_guard lock(mu_);
+      if (tx_mode_ == TxMode::ring && !send_q_.empty()) kick_locked();  // or it made room
+      return true;
     }
   }
   return protocol_error("unknown frame type " + std::to_string(h.type));
@@ -263,6 +271,7 @@ bool Connection::finish_payload() {
   switch (sink) {
     case Sink::hello:
       awaiting_hello_ = false;
+      queue_offer();
       if (on_hello_) {
         auto cb = std::move(on_hello_);
         on_hello_ = nullptr;
@@ -274,24 +283,10 @@ bool Connection::finish_payload() {
       in_.recv = nullptr;
       wake_due_ = true;
       break;
-    case Sink::unexpected: {
-      PostedRecv r{nullptr, 0, nullptr};
-      {
-        std::lock_guard lock(mu_);
-        if (posted_.empty()) {
-          unexpected_.push_back(std::move(in_.msg));
-        } else {
-          r = posted_.front();
-          posted_.pop_front();
-        }
-      }
-      if (r.req != nullptr) {
-        deliver(r, in_.msg);
-        wake_due_ = true;
-      }
+    case Sink::unexpected:
+      wake_due_ |= settle(in_.msg);
       in_.msg = Message{};
       break;
-    }
     case Sink::put: {
       FrameHeader ack = make_header(FrameType::ack, 0);
       ack.seq = in_.hdr.seq;
@@ -313,6 +308,9 @@ bool Connection::finish_payload() {
       wake_due_ = true;
       break;
     }
+    case Sink::offer:
+      on_offer();
+      break;
     case Sink::discard:
     case Sink::none:
       break;

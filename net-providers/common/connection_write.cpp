@@ -36,9 +36,12 @@ void Connection::pump_turn() {
     for (;;) {
       if (!direct_) {
         std::lock_guard lock(mu_);
+        if (caller_putting_) break;  // the queue waits behind it; it kicks when done
+        if (tx_mode_ == TxMode::ring) wake_due_ |= fill_ring_locked();
         if (!send_q_.empty() && send_q_.front().direct) {
           direct_ = std::make_unique<OutItem>(std::move(send_q_.front()));
           send_q_.pop_front();
+          direct_busy_ = true;  // messages behind it wait (connection.h)
         }
       }
       if (!direct_) break;
@@ -65,20 +68,20 @@ bool Connection::run_direct(size_t& budget) {
   const uint64_t moved = d.done - before;
   budget = moved >= budget ? 0 : budget - static_cast<size_t>(moved);
   if (rc == kDirectMore) return true;
+  std::unique_lock lock(mu_);
+  direct_busy_ = false;
+  if (rc == kDirectUseStream && tx_mode_ == TxMode::ring) {
+    // Messages in the ring would overtake the data on the socket.
+    rc = HMC_PROV_ERR_UNSUPPORTED;
+    why = "put to " + peer_ + ": direct write refused after the message ring was set up";
+  }
   if (rc == kDirectUseStream) {
     // Same place in the queue, now as a socket put (target checks and acks).
-    OutItem item;
-    item.hdr = make_header(FrameType::put, d.len);
-    item.hdr.region = d.rkey.region;
-    item.hdr.key = d.rkey.key;
-    item.hdr.offset = d.offset;
-    item.data = d.src;
-    item.req = direct_->req;
+    send_q_.push_front(stream_put(d.src, d.len, d.rkey, d.offset, direct_->req));
     direct_.reset();
-    std::lock_guard lock(mu_);
-    send_q_.push_front(std::move(item));
     return true;
   }
+  lock.unlock();
   Request* req = direct_->req;
   const uint64_t len = d.len;
   direct_.reset();
@@ -100,9 +103,23 @@ void Connection::write_batch() {
   }
   {
     std::lock_guard lock(mu_);
-    while (!send_q_.empty() && batch_.size() < kMaxBatch && !send_q_.front().direct) {
+    // Socket frames; messages go only when this side sends them through the socket
+    // and no caller runs a put ahead of them. In ring mode the frames here are
+    // bells and offers, which need no order against the ring.
+    for (;;) {
+      if (tx_mode_ == TxMode::ring && !caller_putting_) wake_due_ |= fill_ring_locked();
+      if (send_q_.empty() || batch_.size() >= kMaxBatch || send_q_.front().direct ||
+          (is_msg(send_q_.front()) && (tx_mode_ != TxMode::socket || caller_putting_))) {
+        break;
+      }
       batch_.push_back(std::move(send_q_.front()));
       send_q_.pop_front();
+    }
+    if (bell_due_ && batch_.size() < kMaxBatch) {  // else in the next batch
+      bell_due_ = false;
+      OutItem bell;
+      bell.hdr = make_header(FrameType::bell, 0);
+      batch_.push_back(std::move(bell));
     }
     if (batch_.empty()) {
       pump_armed_ = false;

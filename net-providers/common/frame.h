@@ -22,6 +22,8 @@ enum class FrameType : uint16_t {
   put = 3,    // region/key/offset; payload lands in the target's registered region
   ack = 4,    // target -> initiator: put `seq` landed
   nak = 5,    // target -> initiator: put `seq` refused; status = code, payload = reason
+  ring = 6,   // first frame after any hello (shm): payload = RingOffer (msg_ring.h)
+  bell = 7,   // no payload: read the message ring, or write more into it (msg_ring.h)
 };
 
 struct FrameHeader {

@@ -21,8 +21,8 @@ int fill_props(void* state, hmc_net_props_t* props, double latency_us, double ba
 }
 
 int progress(void* state) {
-  // The io thread makes progress; nothing to do on the host's thread.
-  return state == nullptr ? HMC_PROV_ERR_INVALID : HMC_PROV_OK;
+  // The io thread moves the sockets; the host's threads read the message rings.
+  return guarded<StreamProvider>(state, [](StreamProvider& p) { return p.progress(); });
 }
 
 }  // namespace hmc_net::ops

@@ -81,6 +81,8 @@ constexpr hmc_net_provider_t stream_table(const char* name, uint64_t caps, const
       .put = Thunks<StreamProvider>::put,
       .test = Thunks<StreamProvider>::test,
       .progress = ops::progress,
+      .mem_alloc = nullptr,  // no HMC_NET_CAP_MEM_ALLOC: host memory stays the cpu provider's
+      .mem_free = nullptr,
   };
 }
 

@@ -35,6 +35,7 @@ void StreamProvider::shutdown() {
     std::lock_guard lock(mu_);
     conns.swap(conns_);
     listeners.swap(listeners_);
+    rings_.reset();
   }
   run_sync([&] {
     for (auto& [k, l] : listeners) l->close();
@@ -61,6 +62,28 @@ void StreamProvider::run_sync(const std::function<void()>& fn) {
     done.set_value();
   });
   done.get_future().wait();
+}
+
+void StreamProvider::update_rings_locked() {
+  auto list = std::make_shared<RingList>();
+  for (auto& [k, c] : conns_)
+    if (c->has_ring()) list->push_back(c);
+  rings_ = std::move(list);
+}
+
+int StreamProvider::progress() {
+  std::shared_ptr<const RingList> rings;
+  {
+    std::lock_guard lock(mu_);
+    rings = rings_;
+  }
+  if (!rings || rings->empty()) return HMC_PROV_OK;
+  // Calls close together mean a caller is polling: stamp the rings (msg_ring.h).
+  const int64_t now = SharedRing::now_ns();
+  const bool polling = now - last_progress_ns_.exchange(now) < SharedRing::kIdleNs;
+  bool any = false;
+  for (const auto& c : *rings) any |= c->poll_ring(polling ? now : 0);
+  return any ? 1 : HMC_PROV_OK;
 }
 
 std::shared_ptr<Connection> StreamProvider::find_conn(void* conn) {
@@ -136,6 +159,7 @@ int StreamProvider::connect(const void* addr, size_t addr_len, const void* hello
   {
     std::lock_guard lock(mu_);
     conns_.emplace(c.get(), c);
+    if (c->has_ring()) update_rings_locked();
   }
   boost::asio::post(io_, [c, endpoint] { c->start_connect(endpoint); });
   *conn = c.get();
@@ -163,6 +187,7 @@ int StreamProvider::accept(void* listener, void** conn, void* hello, size_t hell
   {
     std::lock_guard lock(mu_);
     conns_.emplace(c.get(), c);
+    if (c->has_ring()) update_rings_locked();
   }
   *conn = c.get();
   return HMC_PROV_OK;
@@ -176,6 +201,7 @@ int StreamProvider::close_conn(void* conn) {
     if (it == conns_.end()) return HMC_PROV_ERR_CLOSED;
     c = std::move(it->second);
     conns_.erase(it);
+    if (c->has_ring()) update_rings_locked();
   }
   // On the io thread, so no read or write is touching a user buffer afterwards.
   run_sync([&] { c->close(HMC_PROV_ERR_CLOSED, "connection closed"); });

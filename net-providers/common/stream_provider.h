@@ -9,6 +9,7 @@
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "common/connection.h"
 #include "common/host.h"
@@ -62,6 +64,8 @@ class StreamProvider {
   int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
           uint64_t offset, void** req);
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
+  // Reads the connections' message rings: 1 when a request completed, else 0.
+  int progress();
 
   // Transport hooks called by Connection on the io thread.
   // After connect/accept: socket options, peer description, peer pid.
@@ -69,6 +73,16 @@ class StreamProvider {
   // One step (at most `budget` bytes) of a direct put: 0 done, kDirectMore,
   // kDirectUseStream, or HMC_PROV_ERR_* with `why`.
   virtual int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why);
+  // Message rings (msg_ring.h, connection.h). uses_rings: every connection offers
+  // one (or none) first and sends no message before the peer's offer arrived.
+  virtual bool uses_rings() const { return false; }
+  // This side's incoming ring for a new connection; nullptr offers none.
+  virtual std::unique_ptr<SharedRing> make_rx_ring() { return nullptr; }
+  // The ring the peer offered, mapped here (io thread); nullptr keeps this side's
+  // messages on the socket.
+  virtual std::unique_ptr<SharedRing> map_peer_ring(Connection& conn, const RingOffer& offer) {
+    return nullptr;
+  }
 
  protected:
   virtual uint32_t rkey_magic() const = 0;
@@ -89,6 +103,7 @@ class StreamProvider {
  private:
   void run_sync(const std::function<void()>& fn);
   std::shared_ptr<Connection> find_conn(void* conn);
+  void update_rings_locked();
 
   Host host_;
   boost::asio::io_context io_;
@@ -99,6 +114,10 @@ class StreamProvider {
   std::mutex mu_;
   std::unordered_map<void*, std::shared_ptr<Connection>> conns_;
   std::unordered_map<void*, std::shared_ptr<Listener>> listeners_;
+  // The connections with a message ring, copied on change: progress reads a snapshot.
+  using RingList = std::vector<std::shared_ptr<Connection>>;
+  std::shared_ptr<const RingList> rings_;
+  std::atomic<int64_t> last_progress_ns_{0};
 };
 
 }  // namespace hmc_net

@@ -22,6 +22,14 @@
  * init calls prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) so Yama-restricted
  * kernels let peers attach: any process of the same user may then write this
  * process's memory, which is what single copy needs (HMC_SHM_CMA=0 avoids it).
+ * Messages go through a shared-memory ring per connection and direction
+ * (common/msg_ring.h) that the receiver's caller threads read from `progress`,
+ * so a small message costs no system call and no thread hop while both sides
+ * poll; the socket carries a bell when the receiver has stopped polling. A
+ * side writes into its peer's ring only where direct puts work (checked with
+ * one process_vm_writev into the ring first), so no put goes through the
+ * socket behind a message; elsewhere, or with HMC_SHM_RING=0, messages use
+ * the socket.
  * Limits: messages up to 1 GiB; deregistering a region while a peer may still
  * put into it is a host error (the peer's write may already be under way).
  * Props are model inputs for the cost model, not measurements.
@@ -60,6 +68,9 @@ const hmc_param_t kParams[] = {
     {"HMC_SHM_MAP", "bool", "1",
      "single-copy puts into a peer region in a shared file (memfd, /dev/shm) map it and use "
      "memcpy; 0 always uses process_vm_writev"},
+    {"HMC_SHM_RING", "size", "512K",
+     "shared-memory message ring of each connection, per direction (rounded up to a power of two, "
+     "at least 64K); 0 sends messages through the socket"},
 };
 
 constexpr uint32_t kRkeyMagic = 0x314d4853;  // "SHM1"
@@ -83,7 +94,7 @@ class ShmProvider final : public hmc_net::StreamProvider {
 
   int configure(std::string& why) override {
     if (!host().get_string(kParams[0], dir_, why) || !host().get_bool(kParams[1], cma_, why) ||
-        !host().get_bool(kParams[2], map_, why)) {
+        !host().get_bool(kParams[2], map_, why) || !host().get_size(kParams[3], ring_, why)) {
       return HMC_PROV_ERR_INVALID;
     }
     struct stat st {};
@@ -119,6 +130,19 @@ class ShmProvider final : public hmc_net::StreamProvider {
   }
 
   int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) override;
+
+  bool uses_rings() const override { return true; }
+
+  std::unique_ptr<hmc_net::SharedRing> make_rx_ring() override {
+    if (!cma_ || ring_ == 0) return nullptr;  // peers would not use it: puts go through the socket
+    std::string why;
+    auto ring = hmc_net::SharedRing::create(ring_, why);
+    if (!ring) host().log(HMC_LOG_INFO, why + "; messages to this process go through the socket");
+    return ring;
+  }
+
+  std::unique_ptr<hmc_net::SharedRing> map_peer_ring(Connection& conn,
+                                                     const hmc_net::RingOffer& offer) override;
 
  protected:
   uint32_t rkey_magic() const override { return kRkeyMagic; }
@@ -193,6 +217,7 @@ class ShmProvider final : public hmc_net::StreamProvider {
   std::string dir_;
   bool cma_ = true;
   bool map_ = true;
+  uint64_t ring_ = 0;
   std::atomic<uint64_t> counter_{0};
 };
 
@@ -202,6 +227,30 @@ int ShmProvider::fall_back(Connection& conn, int err) {
   host().log(HMC_LOG_INFO, "cross-memory attach to " + conn.peer() + " unavailable (" +
                                strerror(err) + "); puts on this connection go through the socket");
   return hmc_net::kDirectUseStream;
+}
+
+// Messages take the peer's ring only where direct puts work: a put through the
+// socket would fall behind the messages sent after it. One process_vm_writev
+// into the ring's probe word checks that first.
+std::unique_ptr<hmc_net::SharedRing> ShmProvider::map_peer_ring(Connection& conn,
+                                                                const hmc_net::RingOffer& offer) {
+  const int pid = conn.peer_pid();
+  if (offer.fd < 0 || pid <= 0 || !use_direct(conn)) return nullptr;
+  uint64_t word = 1;
+  iovec local{&word, sizeof(word)};
+  iovec remote{reinterpret_cast<void*>(offer.probe_addr), sizeof(word)};
+  if (::process_vm_writev(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof(word))) {
+    if (errno == EPERM || errno == ENOSYS) fall_back(conn, errno);
+    return nullptr;
+  }
+  std::string why;
+  auto ring = hmc_net::SharedRing::map(
+      "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(offer.fd), offer.bytes, why);
+  if (!ring) {
+    host().log(HMC_LOG_INFO, "cannot map the message ring of " + conn.peer() + " (" + why +
+                                 "); messages to it go through the socket");
+  }
+  return ring;
 }
 
 int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) {
