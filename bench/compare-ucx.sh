@@ -9,7 +9,10 @@
 #           (4 in flight, as hmc-probe measures) and half the round trip of 8 B;
 #   UCX     ucx_perftest ucp_put_bw -s SIZE (one-way put bandwidth, its own
 #           ucp_mem_map'd buffers) and tag_lat -s 8 (half a round trip), server
-#           and client on 127.0.0.1.
+#           and client on 127.0.0.1; for reference also tag_bw -s SIZE, UCX's own
+#           two-sided bandwidth (tagged send/recv, same buffers).
+# HMC's buffers come from Context::alloc; with ucx the only net provider they
+# come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
 # table has the median of each. GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and
 # are converted). Every run has a deadline (RUN_TIMEOUT s, default 120) and is
@@ -74,30 +77,32 @@ perftest() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s | %12s %12s %6s | %10s %10s %6s\n" UCX_TLS size "HMC GB/s" "put_bw GB/s" ratio "HMC lat us" "tag_lat us" ratio
+printf "%-5s %6s | %12s %12s %6s | %10s %10s %6s | %11s\n" UCX_TLS size "HMC GB/s" "put_bw GB/s" ratio \
+  "HMC lat us" "tag_lat us" ratio "tag_bw GB/s"
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$iters
     [ "$b" -ge 1048576 ] && n=$(( iters / 4 ))
-    : > "$scratch/hb"; : > "$scratch/hl"; : > "$scratch/ub"; : > "$scratch/ul"
+    : > "$scratch/hb"; : > "$scratch/hl"; : > "$scratch/ub"; : > "$scratch/ul"; : > "$scratch/tb"
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat < <(hmc "$size" "$tls")
       echo "$gbps" >> "$scratch/hb"; echo "$lat" >> "$scratch/hl"
       # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall (MB/s = MiB/s)
       perftest "$tls" ucp_put_bw "$b" "$(( n * 10 ))" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
+      perftest "$tls" tag_bw "$b" "$(( n * 10 ))" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
       [ "$size" = "${sizes%% *}" ] && perftest "$tls" tag_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/ul"
     done
-    hb=$(median < "$scratch/hb"); ub=$(median < "$scratch/ub")
+    hb=$(median < "$scratch/hb"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/ul" ]; then
       hl=$(median < "$scratch/hl"); ul=$(median < "$scratch/ul")
       lat_cols=$(awk -v h="$hl" -v u="$ul" 'BEGIN { printf "%10.1f %10.1f %5.2fx", h, u, h / u }')
     else
       lat_cols=$(printf "%10s %10s %6s" "" "" "")
     fi
-    printf "%-5s %6s | %12.4f %12.4f %5.0f%% | %s\n" "$tls" "$size" "$hb" "$ub" \
-      "$(awk -v h="$hb" -v u="$ub" 'BEGIN { print 100 * h / u }')" "$lat_cols"
+    printf "%-5s %6s | %12.4f %12.4f %5.0f%% | %s | %11.4f\n" "$tls" "$size" "$hb" "$ub" \
+      "$(awk -v h="$hb" -v u="$ub" 'BEGIN { print 100 * h / u }')" "$lat_cols" "$tb"
   done
 done
 echo "HMC: hmc-probe --local 2 -b SIZE -n ITERS over ucx (send/recv: eager up to HMC_EAGER_LIMIT, then rendezvous put);"
-echo "UCX: ucx_perftest -t ucp_put_bw -s SIZE, -t tag_lat -s 8 (latency row: 8 B, at the first size)."
+echo "UCX: ucx_perftest -t ucp_put_bw -s SIZE, -t tag_lat -s 8 (latency row: 8 B, at the first size), -t tag_bw -s SIZE."

@@ -11,6 +11,7 @@
 
 #include "core/bootstrap.h"
 #include "core/log.h"
+#include "core/path_negotiation.h"
 
 namespace hmc::core {
 namespace {
@@ -54,6 +55,22 @@ int alloc_kind_code(AllocKind kind) {
   }
 }
 
+// Host memory comes from a net provider's mem_alloc (memory that provider puts into
+// fastest: ucx over shared memory) when every pair of every communicator will use that
+// provider: it is the only net provider loaded (HMC_PROVIDERS), or HMC_PATH forces it for
+// both pair classes. Paths are negotiated later, per communicator; without one of these
+// the winner is not known here, and host memory stays the cpu provider's.
+LoadedProvider* pick_net_allocator(const PluginRegistry& reg, const Config& config) {
+  auto offers = [](LoadedProvider* n) { return n && (n->net->caps & HMC_NET_CAP_MEM_ALLOC) ? n : nullptr; };
+  if (reg.nets().size() == 1) return offers(reg.nets()[0].get());
+  auto policy = PathPolicy::parse(config.str("HMC_PATH"));
+  if (!policy) return nullptr;  // the communicator reports the malformed setting
+  const auto& forced = policy->forced;
+  auto same = forced.find("same_host"), remote = forced.find("remote");
+  if (same == forced.end() || remote == forced.end() || same->second != remote->second) return nullptr;
+  return offers(reg.net(same->second));
+}
+
 }  // namespace
 
 std::string provider_error(const LoadedProvider& p) {
@@ -84,6 +101,10 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   }
   if (!ctx->registry_->device("cpu"))
     return Status(ErrorCode::kUnavailable, "the cpu device provider is missing or excluded; host memory needs it");
+  ctx->net_alloc_ = pick_net_allocator(*ctx->registry_, ctx->config_);
+  if (ctx->net_alloc_)
+    HMC_LOG("core", debug, "host memory from Context::alloc comes from {}'s mem_alloc (every pair uses {})",
+            ctx->net_alloc_->name, ctx->net_alloc_->name);
   return ctx;
 }
 
@@ -125,28 +146,47 @@ Result<Memory> ContextImpl::alloc(const DeviceId& device, std::size_t bytes, All
   info.struct_size = sizeof(info);
   const bool device_mem = kind != AllocKind::kPinnedHost && p->dev->device_info(p->state, device.index, &info) == 0 &&
                           info.mem_kind == HMC_MEM_DEVICE;
-  void* ptr = nullptr;
-  if (p->dev->mem_alloc(p->state, device.index, bytes, alloc_kind_code(kind), &ptr) != 0 || !ptr)
-    return Status(ErrorCode::kNoMemory, "allocating " + std::to_string(bytes) + " bytes on " + device.to_string() + " failed: " + provider_error(*p));
+  // Host memory (not pinned: that is for staging) from the net allocator when there is one.
+  void* mr = nullptr;
+  LoadedProvider* net = net_alloc_ && p->name == "cpu" && kind != AllocKind::kPinnedHost ? net_alloc_ : nullptr;
+  void* ptr = net ? net_alloc(bytes, &mr) : nullptr;
+  if (!ptr) {
+    net = nullptr;
+    if (p->dev->mem_alloc(p->state, device.index, bytes, alloc_kind_code(kind), &ptr) != 0 || !ptr)
+      return Status(ErrorCode::kNoMemory, "allocating " + std::to_string(bytes) + " bytes on " + device.to_string() + " failed: " + provider_error(*p));
+  }
   {
     std::lock_guard lock(mu_);
-    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id_++, kind, device_mem};
+    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id_++, kind, device_mem, net, mr};
   }
   return Memory(this, device, ptr, bytes, kind);
 }
 
+void* ContextImpl::net_alloc(std::size_t bytes, void** mr) {
+  void* ptr = nullptr;
+  if (int rc = net_alloc_->net->mem_alloc(net_alloc_->state, bytes, &ptr, mr); rc != 0 || !ptr) {
+    HMC_LOG("core", debug, "{} could not allocate {} bytes (code {}): the cpu provider does", net_alloc_->name, bytes, rc);
+    return nullptr;
+  }
+  return ptr;
+}
+
 void ContextImpl::free(const DeviceId& device, void* ptr) {
-  LoadedProvider* p = nullptr;
+  Allocation a{};
   {
     std::lock_guard lock(mu_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == allocations_.end()) return;
-    p = it->second.provider;
+    a = it->second;
     allocations_.erase(it);
     free_generation_.fetch_add(1, std::memory_order_acq_rel);
   }
-  if (p->dev->mem_free(p->state, device.index, ptr) != 0)
-    HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*p));
+  if (a.net) {
+    if (int rc = a.net->net->mem_free(a.net->state, ptr, a.mr); rc != 0)
+      HMC_LOG("core", warn, "freeing memory from {} failed (code {})", a.net->name, rc);
+  } else if (a.provider->dev->mem_free(a.provider->state, device.index, ptr) != 0) {
+    HMC_LOG("core", warn, "freeing memory on {} failed: {}", device.to_string(), provider_error(*a.provider));
+  }
 }
 
 const std::pair<const uintptr_t, ContextImpl::Allocation>* ContextImpl::find_allocation(const void* ptr,

@@ -75,12 +75,17 @@ class ContextImpl {
     uint64_t id;
     AllocKind kind;
     bool device_mem;
+    LoadedProvider* net = nullptr;  // set when a net provider's mem_alloc made it
+    void* mr = nullptr;             // that provider's registration of it
   };
+  // Host memory from net_alloc_'s mem_alloc, or null (with a logged reason) when it cannot.
+  void* net_alloc(std::size_t bytes, void** mr);
   // The allocation holding [ptr, ptr+bytes) as {start, allocation}, or null. Caller holds mu_.
   const std::pair<const uintptr_t, Allocation>* find_allocation(const void* ptr, std::size_t bytes) const;
   Config config_;
   std::shared_ptr<ProgressEngine> engine_ = std::make_shared<ProgressEngine>();
   std::unique_ptr<PluginRegistry> registry_;
+  LoadedProvider* net_alloc_ = nullptr;  // the net provider whose mem_alloc serves host memory, or null
   std::chrono::milliseconds timeout_{60000};
   std::string host_id_;
   mutable std::mutex mu_;

@@ -93,6 +93,13 @@ std::string check_net_table(const hmc_net_provider_t* t) {
     return "capability msg is required (send_msg/recv_msg)";
   if ((t->caps & HMC_NET_CAP_PUT) && !(t->reg_mem && t->dereg_mem && t->pack_rkey && t->put))
     return "capability put set but its functions are NULL";
+  // Appended functions: only read when the table is long enough to hold them.
+  if (t->caps & HMC_NET_CAP_MEM_ALLOC) {
+    if (t->struct_size < sizeof(hmc_net_provider_t))
+      return "capability mem_alloc set but the table is too short to hold its functions";
+    if (!(t->caps & HMC_NET_CAP_PUT) || !t->mem_alloc || !t->mem_free)
+      return "capability mem_alloc set but its functions are NULL (or put is missing)";
+  }
   return {};
 }
 
@@ -116,7 +123,8 @@ std::vector<std::string> net_cap_names(uint64_t caps) {
       {HMC_NET_CAP_MSG, "msg"},           {HMC_NET_CAP_PUT, "put"},
       {HMC_NET_CAP_REMOTE, "remote"},     {HMC_NET_CAP_SAME_HOST, "same_host"},
       {HMC_NET_CAP_MEM_HOST, "mem_host"}, {HMC_NET_CAP_MEM_DMABUF, "mem_dmabuf"},
-      {HMC_NET_CAP_MEM_PEER, "mem_peer"}, {HMC_NET_CAP_SINGLE_COPY, "single_copy"}};
+      {HMC_NET_CAP_MEM_PEER, "mem_peer"}, {HMC_NET_CAP_SINGLE_COPY, "single_copy"},
+      {HMC_NET_CAP_MEM_ALLOC, "mem_alloc"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);
@@ -223,8 +231,8 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
   struct Head { size_t struct_size; uint32_t abi_version; const char* name; uint64_t caps; };
   const auto* head = static_cast<const Head*>(table);
   uint32_t want_abi = c.kind == "device" ? HMC_DEVICE_ABI_VERSION : HMC_NET_ABI_VERSION;
-  // Device tables from before the appended stream-flag functions still load.
-  size_t want_size = c.kind == "device" ? offsetof(hmc_device_provider_t, flag_alloc) : sizeof(hmc_net_provider_t);
+  // Tables from before the appended functions (device: stream flags; net: mem_alloc) still load.
+  size_t want_size = c.kind == "device" ? offsetof(hmc_device_provider_t, flag_alloc) : offsetof(hmc_net_provider_t, mem_alloc);
   info.abi_version = head->abi_version;
   info.caps = head->caps;
   if (head->abi_version != want_abi)

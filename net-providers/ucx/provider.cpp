@@ -127,16 +127,23 @@ int Provider::progress() {
   return moved ? 1 : HMC_PROV_OK;
 }
 
-// The thread: sleep until the worker or a socket has something, then work under mu_.
 // The thread: sleep until the worker or a socket has something, then work
 // under mu_. Once woken it keeps progressing while traffic flows and for
 // kLinger after (a stream of fragments would otherwise cost a wake-up each),
-// unless the host is polling the worker itself; then it arms and sleeps.
+// unless the host is polling the worker itself. While the host polls (its
+// last progress() less than kLinger ago) the thread leaves the worker alone:
+// it does not arm it and takes the worker's fd out of its epoll set, so a
+// message costs neither the sender a signal nor this side a thread wake-up
+// (on two cores that doubled an 8 B round trip); it looks again every kLinger,
+// still serving the lifeline sockets, and once the host stopped polling it
+// arms the worker and sleeps until something arrives.
 void Provider::run() {
   constexpr auto kLinger = std::chrono::microseconds(100);
   std::vector<epoll_event> events(32);
   std::vector<std::pair<uint64_t, uint32_t>> ready;
+  bool watching_ucx = true;  // start() put the worker's fd in the set
   for (;;) {
+    bool host_polls = false;
     {
       std::unique_lock lock(mu_);
       for (auto [t, ev] : ready) handle_event(t, ev);
@@ -145,19 +152,27 @@ void Provider::run() {
         const auto now = Clock::now();
         if (drive()) last = now;
         const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
+        host_polls = now.time_since_epoch() - polled < kLinger;
         // Lingering pays off only where every fragment needs this side (shared
         // memory without cma); over tcp it exposed a crash in UCX 1.13 when two
         // workers of one process talk (docs/ucx.md).
-        if (peer_errors_ || now - last > kLinger || now.time_since_epoch() - polled < kLinger) break;
+        if (peer_errors_ || now - last > kLinger || host_polls) break;
         unlock_and_wake(lock);
         std::this_thread::yield();
         lock.lock();
       }
       if (stop_) return;
-      while (ucp_worker_arm(worker_) == UCS_ERR_BUSY) drive();
+      if (!host_polls)
+        while (ucp_worker_arm(worker_) == UCS_ERR_BUSY) drive();
       unlock_and_wake(lock);
     }
-    int n = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), 1000);
+    if (host_polls == watching_ucx) {
+      if (host_polls) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
+      else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
+      watching_ucx = !host_polls;
+    }
+    const timespec wait = host_polls ? timespec{0, std::chrono::nanoseconds(kLinger).count()} : timespec{1, 0};
+    int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
     for (int i = 0; i < n; ++i) {
       const uint64_t t = events[i].data.u64;
       const uint32_t ev = events[i].events;
@@ -349,9 +364,8 @@ Provider::~Provider() {
   while (!closing_.empty() && std::chrono::steady_clock::now() < deadline) drive();
   for (ucp_rkey_h k : dead_rkeys_) ucp_rkey_destroy(k);
   dead_rkeys_.clear();
-  for (auto& [id, r] : regions_)
-    if (r->mem) ucp_mem_unmap(context_, r->mem);
-  regions_.clear();
+  regions_.clear();  // the last user of a mapping unmaps it
+  allocations_.clear();
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);
   if (epoll_ >= 0) close(epoll_);

@@ -168,11 +168,36 @@ struct Listener {
   std::deque<uint32_t> ready;  // connections whose handshake is done, to accept
 };
 
+// The packed remote key: this header, then ucp_rkey_pack's bytes (memory.cpp).
+struct KeyHead {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t ucx_len;
+  uint64_t region, nonce, base, length;
+};
+static_assert(sizeof(KeyHead) == 40);
+bool parse_key(const void* blob, size_t len, KeyHead& head);
+
+// Memory UCP mapped (ucp_mem_map), with its packed rkey. Unmapped, under the
+// provider's lock, when the last region or allocation using it lets go: the
+// pages of memory from mem_alloc live until then.
+struct Mapping {
+  Mapping(ucp_context_h c, ucp_mem_h m) : context(c), mem(m) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { ucp_mem_unmap(context, mem); }
+  ucp_context_h context;
+  ucp_mem_h mem;
+  char* base = nullptr;
+  size_t len = 0;
+  std::string packed;  // ucp_rkey_pack's bytes
+};
+
 struct Region {
   uint64_t id = 0, nonce = 0;
   char* base = nullptr;
   size_t len = 0;
-  ucp_mem_h mem = nullptr;
+  std::shared_ptr<Mapping> mapping;  // null for an empty region
   std::string key;                // the packed key handed out
   std::set<uint32_t> verified;    // connections told this key is good
 };
@@ -205,6 +230,8 @@ class Provider {
   int reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr);
   int dereg_mem(void* mr);
   int pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
+  int mem_alloc(size_t bytes, void** ptr, void** mr);
+  int mem_free(void* ptr, void* mr);
   int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
           uint64_t offset, void** req);
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap) {
@@ -250,6 +277,12 @@ class Provider {
   void release_held(Conn& c);
   void drop(Incoming& m);
 
+  // memory.cpp: mappings, regions, allocations.
+  int map(void* ptr, size_t bytes, std::shared_ptr<Mapping>& out);
+  void* add_region(char* base, size_t len, std::shared_ptr<Mapping> mapping);
+  void drop_region(uint64_t id);
+  std::shared_ptr<Mapping> allocation_of(const char* ptr, size_t bytes) const;
+
   // put.cpp: checks, puts, revocations.
   void on_check(Conn& c, const Wire& w, const std::string& key);
   void on_reply(Conn& c, const Wire& w, const std::string& why);
@@ -279,6 +312,7 @@ class Provider {
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<void*, std::unique_ptr<Listener>> listeners_;
   std::unordered_map<uint64_t, std::unique_ptr<Region>> regions_;  // by id
+  std::map<uintptr_t, std::shared_ptr<Mapping>> allocations_;  // mem_alloc's, by base address
   std::vector<void*> closing_;  // ep closes in flight
   std::vector<ucp_rkey_h> dead_rkeys_;  // destroyed once no put can use them
   std::set<uint32_t> pending_;  // connections with inbox or held work after a callback

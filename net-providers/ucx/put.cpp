@@ -1,7 +1,7 @@
-// Registration, remote keys and puts.
+// Puts and their checks.
 //
 // The packed key is a KeyHead (region id, a random nonce, base address and
-// length) followed by UCP's packed rkey. Puts are checked on the target's
+// length) followed by UCP's packed rkey (memory.cpp makes it). Puts are checked on the target's
 // authority: before the first put with a key, the initiator sends the whole
 // key and the range in a kCheck message; the target compares the key byte
 // for byte with the one it handed out for that region and checks the range,
@@ -15,39 +15,12 @@
 // flush does, i.e. when the data is in the target's memory. Until then later
 // sends on the connection wait (Conn::held): the ordering contract.
 #include <cstring>
-#include <random>
 
 #include "provider.h"
 
 namespace hmc_ucx {
 
 namespace {
-
-constexpr uint32_t kKeyMagic = 0x31584355;  // "UCX1"
-constexpr uint16_t kKeyVersion = 1;
-
-struct KeyHead {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t ucx_len;
-  uint64_t region, nonce, base, length;
-};
-static_assert(sizeof(KeyHead) == 40);
-
-bool parse_key(const void* blob, size_t len, KeyHead& head) {
-  if (blob == nullptr || len < sizeof(KeyHead) || len > HMC_NET_RKEY_MAX) return false;
-  std::memcpy(&head, blob, sizeof(head));
-  return head.magic == kKeyMagic && head.version == kKeyVersion &&
-         head.ucx_len == len - sizeof(KeyHead);
-}
-
-void* handle_of(uint64_t id) { return reinterpret_cast<void*>(static_cast<uintptr_t>(id)); }
-uint64_t id_of(void* handle) { return reinterpret_cast<uintptr_t>(handle); }
-
-uint64_t nonce() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng();
-}
 
 void op_cb(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<Op*>(user_data);
@@ -56,80 +29,6 @@ void op_cb(void* request, ucs_status_t status, void* user_data) {
 }
 
 }  // namespace
-
-int Provider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
-  if (mem_kind != HMC_MEM_HOST) return HMC_PROV_ERR_UNSUPPORTED;
-  if (mr == nullptr || (ptr == nullptr && bytes > 0)) return HMC_PROV_ERR_INVALID;
-  std::unique_lock lock(mu_);
-  auto r = std::make_unique<Region>();
-  r->id = next_region_++;
-  r->nonce = nonce();
-  r->base = static_cast<char*>(ptr);
-  r->len = bytes;
-  std::string packed;
-  if (bytes > 0) {
-    ucp_mem_map_params_t p{};
-    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    p.address = ptr;
-    p.length = bytes;
-    if (ucs_status_t s = ucp_mem_map(context_, &p, &r->mem); s != UCS_OK) {
-      host_.log(HMC_LOG_WARN, std::string("ucp_mem_map of ") + std::to_string(bytes) +
-                                  " bytes: " + ucs_status_string(s));
-      return s == UCS_ERR_NO_MEMORY ? HMC_PROV_ERR_NO_MEMORY : HMC_PROV_ERR_INTERNAL;
-    }
-    void* rkey = nullptr;
-    size_t rkey_len = 0;
-    if (ucs_status_t s = ucp_rkey_pack(context_, r->mem, &rkey, &rkey_len); s != UCS_OK) {
-      ucp_mem_unmap(context_, r->mem);
-      host_.log(HMC_LOG_WARN, std::string("ucp_rkey_pack: ") + ucs_status_string(s));
-      return HMC_PROV_ERR_INTERNAL;
-    }
-    packed.assign(static_cast<char*>(rkey), rkey_len);
-    ucp_rkey_buffer_release(rkey);
-  }
-  if (packed.size() > HMC_NET_RKEY_MAX - sizeof(KeyHead)) {
-    ucp_mem_unmap(context_, r->mem);
-    host_.log(HMC_LOG_WARN, "ucp packed an rkey of " + std::to_string(packed.size()) +
-                                " bytes; HMC_NET_RKEY_MAX leaves room for " +
-                                std::to_string(HMC_NET_RKEY_MAX - sizeof(KeyHead)) + " (UCX transports: " +
-                                transports_ + ")");
-    return HMC_PROV_ERR_UNSUPPORTED;
-  }
-  KeyHead head{kKeyMagic, kKeyVersion, static_cast<uint16_t>(packed.size()), r->id, r->nonce,
-               reinterpret_cast<uintptr_t>(ptr), bytes};
-  r->key.assign(reinterpret_cast<const char*>(&head), sizeof(head));
-  r->key += packed;
-  *mr = handle_of(r->id);
-  regions_.emplace(r->id, std::move(r));
-  return HMC_PROV_OK;
-}
-
-int Provider::dereg_mem(void* mr) {
-  std::unique_lock lock(mu_);
-  auto it = regions_.find(id_of(mr));
-  if (it == regions_.end()) return HMC_PROV_ERR_INVALID;
-  Region& r = *it->second;
-  for (uint32_t id : r.verified) {
-    auto c = conns_.find(id);
-    if (c != conns_.end() && c->second->state == Conn::kOpen)
-      send_control(*c->second, Kind::kRevoke, r.id, r.nonce, 0, {});
-  }
-  if (r.mem != nullptr) ucp_mem_unmap(context_, r.mem);
-  regions_.erase(it);
-  unlock_and_wake(lock);
-  return HMC_PROV_OK;
-}
-
-int Provider::pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len) {
-  std::unique_lock lock(mu_);
-  auto it = regions_.find(id_of(mr));
-  if (it == regions_.end()) return HMC_PROV_ERR_INVALID;
-  const std::string& key = it->second->key;
-  if (rkey_len != nullptr) *rkey_len = key.size();
-  if (rkey == nullptr || rkey_cap < key.size()) return HMC_PROV_ERR_INVALID;
-  std::memcpy(rkey, key.data(), key.size());
-  return HMC_PROV_OK;
-}
 
 int Provider::put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
                   uint64_t offset, void** req) {

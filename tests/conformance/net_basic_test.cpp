@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstring>
 #include <set>
 
@@ -23,14 +24,15 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
       const hmc_net_provider_t* p = entry();
       REQUIRE(p != nullptr);
       CHECK(entry() == p);
-      CHECK(p->struct_size >= sizeof(hmc_net_provider_t));
+      // As short as the first v1 table (up to progress); appended functions need more.
+      CHECK(p->struct_size >= offsetof(hmc_net_provider_t, mem_alloc));
       CHECK(p->abi_version == HMC_NET_ABI_VERSION);
       REQUIRE(p->name != nullptr);
       CHECK(std::string(p->name) == file_provider_name(path));
 
       const uint64_t known = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE |
                              HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF |
-                             HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY;
+                             HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY | HMC_NET_CAP_MEM_ALLOC;
       CHECK((p->caps & ~known) == 0);
       CHECK((p->caps & (HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST)) != 0);
       CHECK((p->caps & (HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)) !=
@@ -59,6 +61,12 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
         CHECK(p->dereg_mem != nullptr);
         CHECK(p->pack_rkey != nullptr);
         CHECK(p->put != nullptr);
+      }
+      if (p->caps & HMC_NET_CAP_MEM_ALLOC) {
+        CHECK((p->caps & HMC_NET_CAP_PUT) != 0);
+        REQUIRE(p->struct_size >= sizeof(hmc_net_provider_t));
+        CHECK(p->mem_alloc != nullptr);
+        CHECK(p->mem_free != nullptr);
       }
 
       CHECK((p->num_params == 0 || p->params != nullptr));

@@ -1,7 +1,7 @@
 // hmc-conformance-net-bw: quick bandwidth and latency check of a net provider
 // on this host, side by side with what the host itself can do.
 //
-//   hmc-conformance-net-bw PLUGIN [SIZE_MIB (64)] [ITERS (20)] [shared]
+//   hmc-conformance-net-bw PLUGIN [SIZE_MIB (64)] [ITERS (20)] [shared|alloc]
 //   hmc-conformance-net-bw PLUGIN latency [ROUNDS (20000)] [BYTES (8)]
 //
 // Bandwidth: a forked target process registers a SIZE region and receives
@@ -10,7 +10,8 @@
 // ITERS messages of SIZE (all posted, then all waited, until the target says it
 // has them). `shared` allocates the target's region as HMC_ALLOC_SHAREABLE
 // does (a memfd mapped MAP_SHARED, fd kept open), the case where shm maps the
-// region and copies with memcpy. Baselines, same sizes: memcpy between two
+// region and copies with memcpy; `alloc` takes it from the plugin's mem_alloc
+// (HMC_NET_CAP_MEM_ALLOC), already registered. Baselines, same sizes: memcpy between two
 // prefaulted buffers in one process (into private memory and, with `shared`,
 // into a MAP_SHARED memfd), and a plain TCP stream over loopback between two
 // processes (kernel default buffers and 4 MiB buffers). GB/s = 1e9 bytes/s.
@@ -127,12 +128,21 @@ std::string plugin_label(const std::string& plugin) {
 }
 
 // Bandwidth target: sends its rkey, takes ITERS + 1 messages, says so, waits for bye.
-void bw_target(TargetEnd& t, size_t size, int iters, bool shared) {
+enum class Target { kPrivate, kShared, kAlloc };
+
+void bw_target(TargetEnd& t, size_t size, int iters, Target kind) {
   Session& s = t.s;
   std::vector<char> private_region;
   std::unique_ptr<SharedMem> shared_region;
   char* region = nullptr;
-  if (shared) {
+  void* mr = nullptr;
+  if (kind == Target::kAlloc) {
+    must(s.has(HMC_NET_CAP_MEM_ALLOC), "the plugin has no mem_alloc (HMC_NET_CAP_MEM_ALLOC)");
+    void* ptr = nullptr;
+    must(s.p->mem_alloc(s.state, size, &ptr, &mr) == 0, "mem_alloc");
+    region = static_cast<char*>(ptr);
+    std::memset(region, 1, size);
+  } else if (kind == Target::kShared) {
     shared_region = std::make_unique<SharedMem>(size, 1);
     must(shared_region->data() != nullptr, "shared region: " + shared_region->error());
     region = shared_region->data();
@@ -141,8 +151,7 @@ void bw_target(TargetEnd& t, size_t size, int iters, bool shared) {
     region = private_region.data();
   }
   std::vector<char> inbox(size, 1);
-  void* mr = nullptr;
-  must(s.p->reg_mem(s.state, region, size, HMC_MEM_HOST, &mr) == 0, "reg_mem");
+  if (mr == nullptr) must(s.p->reg_mem(s.state, region, size, HMC_MEM_HOST, &mr) == 0, "reg_mem");
   char rkey[HMC_NET_RKEY_MAX];
   size_t rkey_len = 0;
   must(s.p->pack_rkey(s.state, mr, rkey, sizeof(rkey), &rkey_len) == 0, "pack_rkey");
@@ -154,14 +163,19 @@ void bw_target(TargetEnd& t, size_t size, int iters, bool shared) {
   must(send_wait(s, t.conn, "got", 4) == 0, "send got");
   char bye[4];
   recv_wait(s, t.conn, bye, sizeof(bye));
-  s.p->dereg_mem(s.state, mr);
+  if (kind == Target::kAlloc) s.p->mem_free(s.state, region, mr);
+  else s.p->dereg_mem(s.state, mr);
 }
 
-double provider_bw(const std::string& plugin, size_t size, int iters, bool shared) {
+const char* target_label(Target kind) {
+  return kind == Target::kShared ? " (shared)" : kind == Target::kAlloc ? " (mem_alloc)" : "";
+}
+
+double provider_bw(const std::string& plugin, size_t size, int iters, Target kind) {
   Session s;
   void* conn = nullptr;
   pid_t pid =
-      start_target(s, conn, plugin, [&](TargetEnd& t) { bw_target(t, size, iters, shared); });
+      start_target(s, conn, plugin, [&](TargetEnd& t) { bw_target(t, size, iters, kind); });
   char rkey[HMC_NET_RKEY_MAX];
   void* req = nullptr;
   must(s.p->recv_msg(s.state, conn, rkey, sizeof(rkey), &req) == 0, "recv rkey");
@@ -192,7 +206,7 @@ double provider_bw(const std::string& plugin, size_t size, int iters, bool share
   s.close();
   reap(pid);
   std::printf("%-34s put %7.2f GB/s   send_msg %7.2f GB/s\n",
-              (plugin_label(plugin) + (shared ? " (shared)" : "")).c_str(), put_bw, msg_bw);
+              (plugin_label(plugin) + target_label(kind)).c_str(), put_bw, msg_bw);
   return put_bw;
 }
 
@@ -407,7 +421,7 @@ void tcp_latency(int rounds, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    die("usage: hmc-conformance-net-bw PLUGIN [SIZE_MIB] [ITERS] [shared]\n"
+    die("usage: hmc-conformance-net-bw PLUGIN [SIZE_MIB] [ITERS] [shared|alloc]\n"
         "       hmc-conformance-net-bw PLUGIN latency [ROUNDS] [BYTES]");
   }
   const std::string plugin = argv[1];
@@ -424,11 +438,13 @@ int main(int argc, char** argv) {
   }
   const size_t size = (argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 64) << 20;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 20;
-  const bool shared = argc > 4 && std::strcmp(argv[4], "shared") == 0;
+  const std::string mode = argc > 4 ? argv[4] : "";
+  const bool shared = mode == "shared";
   must(size > 0 && iters > 0, "size and iterations must be positive");
-  must(argc <= 4 || shared, std::string("unknown mode '") + (argc > 4 ? argv[4] : "") + "'");
+  must(mode.empty() || shared || mode == "alloc", "unknown mode '" + mode + "'");
   std::printf("%zu MiB x %d, GB/s = 1e9 bytes/s\n", size >> 20, iters);
-  const double put = provider_bw(plugin, size, iters, shared);
+  const double put = provider_bw(plugin, size, iters,
+                                 shared ? Target::kShared : mode == "alloc" ? Target::kAlloc : Target::kPrivate);
   const double copy = memcpy_bw(size, iters, false);
   if (shared) {
     const double shared_copy = memcpy_bw(size, iters, true);

@@ -66,7 +66,10 @@ class Session {
   // Loads and initialises; returns false (with `reason`) when init failed.
   bool open(const std::string& path, Config config = env_config());
   void close();
-  bool has(uint64_t cap) const { return (p->caps & cap) != 0; }
+  // A capability whose functions were appended counts only if the table holds them.
+  bool has(uint64_t cap) const {
+    return (p->caps & cap) != 0 && (cap != HMC_NET_CAP_MEM_ALLOC || p->struct_size >= sizeof(hmc_net_provider_t));
+  }
 
   // Polls a request until done, failed or the deadline; the host's wake cuts waits short.
   // With `spins` > 0 it first polls that many times with a yield in between, as

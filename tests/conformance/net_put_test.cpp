@@ -18,8 +18,16 @@ namespace {
 // HMC_ALLOC_SHAREABLE makes it (a memfd mapped MAP_SHARED, fd kept open; shm
 // maps it and copies with memcpy), or that with its fd closed after reg_mem
 // and the number taken by another memfd, the decoy (shm must notice that the
-// fd names another file, leave the decoy alone and fall back to its other way).
-enum class Mem { heap, shared, shared_fd_reused };
+// fd names another file, leave the decoy alone and fall back to its other way),
+// or the plugin's own mem_alloc (HMC_NET_CAP_MEM_ALLOC; the region registers a
+// range inside it, which the plugin must serve from the allocation's registration).
+enum class Mem { heap, shared, shared_fd_reused, provider };
+
+// The kinds of memory `s` is checked with: `base`, and the plugin's own when it has it.
+std::vector<Mem> with_provider(const Session& s, std::vector<Mem> base) {
+  if (s.has(HMC_NET_CAP_MEM_ALLOC)) base.push_back(Mem::provider);
+  return base;
+}
 
 const char* mem_name(Mem m) {
   switch (m) {
@@ -29,6 +37,8 @@ const char* mem_name(Mem m) {
       return "shared memory (memfd, MAP_SHARED)";
     case Mem::shared_fd_reused:
       return "shared memory whose fd now names another file";
+    case Mem::provider:
+      return "memory from the plugin's mem_alloc";
   }
   return "?";
 }
@@ -40,6 +50,7 @@ struct Region {
   std::vector<char> heap;
   std::unique_ptr<SharedMem> shared;
   std::unique_ptr<SharedMem> decoy;  // shared_fd_reused: holds the old fd number
+  void* alloc_mr = nullptr;          // provider: mem_alloc's registration
   char* base = nullptr;
   size_t len = 0;
   size_t guard = 0;
@@ -51,6 +62,12 @@ struct Region {
     if (kind == Mem::heap) {
       heap.assign(len + guard, static_cast<char>(kPoison));
       base = heap.data();
+    } else if (kind == Mem::provider) {
+      void* ptr = nullptr;
+      REQUIRE(s.p->mem_alloc(s.state, len + guard, &ptr, &alloc_mr) == HMC_PROV_OK);
+      REQUIRE(ptr != nullptr);
+      base = static_cast<char*>(ptr);
+      std::memset(base, kPoison, len + guard);
     } else {
       shared = std::make_unique<SharedMem>(len + guard, kPoison);
       INFO(shared->error());
@@ -64,7 +81,10 @@ struct Region {
       REQUIRE(decoy->data() != nullptr);
     }
   }
-  ~Region() { dereg(); }
+  ~Region() {
+    dereg();
+    if (alloc_mr != nullptr) CHECK(owner->p->mem_free(owner->state, base, alloc_mr) == HMC_PROV_OK);
+  }
   char* data() const { return base; }
   size_t size() const { return len; }
   void reg() {
@@ -137,7 +157,7 @@ TEST_CASE("net: a put lands at the offset of the registered region and nowhere e
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
     uint64_t salt = 200;
-    for (Mem mem : {Mem::heap, Mem::shared}) {
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
       for (bool forward : {true, false}) {
         Session& from = forward ? s : t;
@@ -171,7 +191,7 @@ TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
-    for (Mem mem : {Mem::heap, Mem::shared}) {
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
       Region r(t, 1 << 20, mem, 4096);
       const auto data = random_bytes(1 << 16, 300);
@@ -227,7 +247,7 @@ TEST_CASE("net: a message sent after a put arrives after the put's data", "[net]
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
-    for (Mem mem : {Mem::heap, Mem::shared}) {
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
       Region r(t, 4 << 20, mem);
       for (uint32_t i = 0; i < 20; ++i) {
@@ -285,7 +305,7 @@ std::vector<uint8_t> plan_other_rkey(const PutPlan& plan) {
 TEST_CASE("net: a put from another process lands before its next message", "[net][put][process]") {
   for_each_plugin([](Session& s) {
     if (skip_without_put(s) || !s.has(HMC_NET_CAP_MSG)) return;
-    for (Mem mem : {Mem::heap, Mem::shared, Mem::shared_fd_reused}) {
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared, Mem::shared_fd_reused})) {
       INFO(mem_name(mem));
       char addr[HMC_NET_ADDR_MAX];
       size_t addr_len = 0;
@@ -346,5 +366,69 @@ TEST_CASE("net: a put from another process lands before its next message", "[net
       CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
       CHECK(s.p->close_listener(s.state, listener) == HMC_PROV_OK);
     }
+  });
+}
+
+// HMC_NET_CAP_MEM_ALLOC: memory from mem_alloc comes registered (its mr packs a
+// key and serves as a put source), ranges inside it register without a new
+// registration of their own, and mem_free refuses what mem_alloc did not make.
+TEST_CASE("net: memory from mem_alloc comes registered", "[net][put][mem_alloc]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MEM_ALLOC)) {
+      WARN(s.p->name << " has no HMC_NET_CAP_MEM_ALLOC: mem_alloc checks skipped");
+      return;
+    }
+    REQUIRE(s.p->struct_size >= sizeof(hmc_net_provider_t));  // the table test checks the rest
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    constexpr size_t kLen = (4 << 20) + 123;
+    void* ptr = nullptr;
+    void* mr = nullptr;
+    REQUIRE(t.p->mem_alloc(t.state, kLen, &ptr, &mr) == HMC_PROV_OK);
+    REQUIRE(ptr != nullptr);
+    auto* base = static_cast<char*>(ptr);
+    std::memset(base, kPoison, kLen);
+    std::vector<uint8_t> whole(HMC_NET_RKEY_MAX);
+    size_t key_len = 0;
+    REQUIRE(t.p->pack_rkey(t.state, mr, whole.data(), whole.size(), &key_len) == HMC_PROV_OK);
+    REQUIRE(key_len > 0);
+    whole.resize(key_len);
+
+    // Into the whole allocation, up to its last byte; one byte more is refused.
+    const auto tail = random_bytes(1 << 20, 500);
+    Outcome o = put_outcome(s, link.a, tail.data(), tail.size(), whole, kLen - tail.size());
+    INFO(o.message);
+    REQUIRE(o.rc == HMC_PROV_OK);
+    CHECK(first_diff(base + kLen - tail.size(), tail.data(), tail.size()) == tail.size());
+    CHECK(first_not(base, kLen - tail.size(), kPoison) == kLen - tail.size());
+    CHECK(put_outcome(s, link.a, tail.data(), 2, whole, kLen - 1).rc == HMC_PROV_ERR_OUT_OF_BOUNDS);
+
+    // A range inside it: the key bounds the range, not the allocation.
+    constexpr size_t kOff = 8192 + 7, kSub = 100000;
+    void* sub = nullptr;
+    REQUIRE(t.p->reg_mem(t.state, base + kOff, kSub, HMC_MEM_HOST, &sub) == HMC_PROV_OK);
+    std::vector<uint8_t> sub_key(HMC_NET_RKEY_MAX);
+    REQUIRE(t.p->pack_rkey(t.state, sub, sub_key.data(), sub_key.size(), &key_len) == HMC_PROV_OK);
+    sub_key.resize(key_len);
+    const auto mid = random_bytes(kSub - 10, 501);
+    o = put_outcome(s, link.a, mid.data(), mid.size(), sub_key, 10);
+    INFO(o.message);
+    REQUIRE(o.rc == HMC_PROV_OK);
+    CHECK(first_diff(base + kOff + 10, mid.data(), mid.size()) == mid.size());
+    CHECK(first_not(base, kOff + 10, kPoison) == kOff + 10);
+    CHECK(put_outcome(s, link.a, mid.data(), 11, sub_key, kSub - 10).rc == HMC_PROV_ERR_OUT_OF_BOUNDS);
+    CHECK(first_not(base + kOff + kSub, 1000, kPoison) == 1000);
+
+    // As a put source: the other way, into heap memory of s.
+    Region heap(s, 1 << 20, Mem::heap, 64);
+    o = put_outcome(t, link.b, base + kOff + 10, mid.size(), heap.rkey, 3);
+    REQUIRE(o.rc == HMC_PROV_OK);
+    check_region(heap, 3, mid);
+
+    // mem_free refuses a pointer mem_alloc did not return; the range outlives the free.
+    CHECK(t.p->mem_free(t.state, base + 1, mr) < 0);
+    CHECK(t.p->mem_free(t.state, ptr, mr) == HMC_PROV_OK);
+    CHECK(t.p->dereg_mem(t.state, sub) == HMC_PROV_OK);
   });
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -122,7 +123,8 @@ bool Session::open(const std::string& plugin, Config config) {
   }
   auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl_, HMC_NET_ENTRY_V1));
   p = entry != nullptr ? entry() : nullptr;
-  if (p == nullptr || p->struct_size < sizeof(hmc_net_provider_t) ||
+  // Tables as short as the first v1 table load; appended functions are used only when present.
+  if (p == nullptr || p->struct_size < offsetof(hmc_net_provider_t, mem_alloc) ||
       p->abi_version != HMC_NET_ABI_VERSION || p->init == nullptr) {
     reason = "no valid " HMC_NET_ENTRY_V1 " table";
     p = nullptr;

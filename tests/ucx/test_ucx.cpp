@@ -1,11 +1,13 @@
 // ucx-specific behaviour, in real processes: progress while the target is
-// outside HMC, path negotiation against tcp and shm, and a UCX that cannot
-// start. Each case runs over the transports in UCX_TLS_LIST (tcp and shm).
+// outside HMC, path negotiation against tcp and shm, host memory from ucx's
+// mem_alloc, and a UCX that cannot start. Each case runs over the transports in UCX_TLS_LIST (tcp and shm).
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "multiprocess.h"
@@ -111,6 +113,82 @@ TEST_CASE("ucx: loses to shm on one host, beats nothing it should not, and can b
               HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, 3));
               HMC_EXPECT(got == data, "data differs");
             }
+          }
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
+namespace {
+
+// The /proc/self/maps line of the mapping that holds `p` ("" when none does).
+std::string mapping_of(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && lo <= addr && addr < hi) return line;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Host memory from Context::alloc comes from ucx's mem_alloc (ucp_mem_map
+// ALLOCATE) when every pair uses ucx, and from the cpu provider (a memfd
+// named hmc-cpu-* for shareable memory) otherwise. Either way a rendezvous
+// receive into a range of it (registered inside the allocation) and a put
+// into all of it land exactly.
+TEST_CASE("ucx: Context::alloc takes host memory from ucx when every pair uses it", "[ucx][alloc]") {
+  if (!have_ucx()) {
+    WARN("ucx provider unavailable here: skipped");
+    return;
+  }
+  struct Case {
+    std::map<std::string, std::string> settings;
+    bool from_ucx;
+  };
+  for (const auto& tls : kTransports) {
+    for (const auto& [settings, from_ucx] :
+         {Case{{{"HMC_PROVIDERS", "cpu,ucx"}}, true}, Case{{{"HMC_PATH", "ucx"}}, true}, Case{{}, false}}) {
+      DYNAMIC_SECTION("UCX transports " << tls << ", " << (settings.empty() ? "default" : settings.begin()->first)) {
+        auto s = settings;
+        s["HMC_UCX_TLS"] = tls;
+        s["HMC_TIMEOUT"] = "30s";
+        auto exits = test::run_ranks(2, s, [from_ucx](RankEnv& e) {
+          const std::size_t bytes = 8u << 20, off = 12345, len = 4u << 20;
+          auto mem = e.ctx.alloc({"cpu", 0}, bytes, AllocKind::kShareable);
+          HMC_EXPECT(mem.ok(), mem.status().to_string());
+          auto* base = static_cast<uint8_t*>(mem->data());
+          const std::string where = mapping_of(base);
+          const bool cpu_memfd = where.find("memfd:hmc-cpu-") != std::string::npos;
+          HMC_EXPECT(cpu_memfd != from_ucx, "allocation lies in '" + where + "'");
+          std::memset(base, 0xEE, bytes);
+          auto want = test::random_bytes(len, 91);
+          if (e.rank == 0) {
+            HMC_EXPECT_OK(e.comm.send(want.data(), len, 1, 5));
+          } else {
+            HMC_EXPECT_OK(e.comm.recv(base + off, len, 0, 5));
+            HMC_EXPECT(std::memcmp(base + off, want.data(), len) == 0, "rendezvous data differs");
+            HMC_EXPECT(base[off - 1] == 0xEE && base[off + len] == 0xEE, "receive wrote outside its range");
+          }
+          auto mr = e.comm.register_memory(base, bytes);
+          HMC_EXPECT(mr.ok(), mr.status().to_string());
+          auto key = mr->pack();
+          std::vector<uint8_t> theirs(key.bytes.size());
+          Request rk = e.comm.irecv(theirs.data(), theirs.size(), 1 - e.rank, 6);
+          HMC_EXPECT_OK(e.comm.send(key.bytes.data(), key.bytes.size(), 1 - e.rank, 6));
+          HMC_EXPECT_OK(rk.wait());
+          auto put = test::random_bytes(bytes - 64, 92);
+          if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(1, put.data(), put.size(), RemoteKey{theirs}, 64).wait());
+          HMC_EXPECT_OK(e.comm.barrier());
+          if (e.rank == 1) {
+            HMC_EXPECT(std::memcmp(base + 64, put.data(), put.size()) == 0, "put data differs");
+            HMC_EXPECT(base[63] == 0xEE, "put wrote before its offset");
           }
           return 0;
         });

@@ -43,6 +43,7 @@ extern "C" {
 #define HMC_NET_CAP_MEM_DMABUF (1ull << 5)   /* touches device memory through dma-buf */
 #define HMC_NET_CAP_MEM_PEER (1ull << 6)     /* touches device memory through peer memory */
 #define HMC_NET_CAP_SINGLE_COPY (1ull << 7)  /* put copies once (no staging in between) */
+#define HMC_NET_CAP_MEM_ALLOC (1ull << 8)    /* mem_alloc/mem_free (appended to the table) */
 
 #define HMC_NET_ADDR_MAX 128
 #define HMC_NET_HELLO_MAX 256
@@ -101,6 +102,21 @@ typedef struct hmc_net_provider {
   int (*test)(void* state, void* req, int* done, size_t* bytes, char* message,
               size_t message_cap);
   int (*progress)(void* state);
+
+  /* Appended to ABI v1 (the host reads them only from a table whose struct_size
+   * holds them, and only with HMC_NET_CAP_MEM_ALLOC set).
+   *
+   * Host memory the provider allocates so that puts into it and out of it take
+   * the provider's fastest path (ucx: ucp_mem_map with ALLOCATE, a shared-memory
+   * segment its peers map and memcpy into). The memory comes back registered:
+   * `mr` is a registration as reg_mem makes, valid with pack_rkey and as put's
+   * local_mr; the host never passes it to dereg_mem. reg_mem of any range inside
+   * the memory must reuse this registration, not register the memory again.
+   * mem_free releases the memory and `mr`; registrations of ranges inside it
+   * that the host has not deregistered yet stay valid (and keep the pages) until
+   * it does. */
+  int (*mem_alloc)(void* state, size_t bytes, void** ptr, void** mr);
+  int (*mem_free)(void* state, void* ptr, void* mr);
 } hmc_net_provider_t;
 
 typedef const hmc_net_provider_t* (*hmc_net_entry_v1_fn)(void);
