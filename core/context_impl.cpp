@@ -57,7 +57,7 @@ int alloc_kind_code(AllocKind kind) {
 }  // namespace
 
 std::string provider_error(const LoadedProvider& p) {
-  const char* e = p.dev ? p.dev->last_error(p.state) : nullptr;
+  const char* e = p.dev ? p.dev->last_error(p.state) : p.ccl ? p.ccl->last_error(p.state) : nullptr;
   return e && *e ? e : "no detail";
 }
 

@@ -80,7 +80,7 @@ grep -A4 '^Devices' "$out/probe.log" | sed 's/^/   /'
 [ $ref_ok -eq 1 ] && step nccl-smoke 90 "$bin/hmc-gpu-ref" -b 8 -e 1M -f 32 -n 5 -w 2 --no-p2p
 
 # 3. GPU-labelled tests.
-step tests 180 "${tests[@]}"
+step tests 300 "${tests[@]}"
 
 # 4. Correctness: every collective, checked (-c 1), GPU ranks and GPU + CPU ranks.
 colls="all_reduce reduce_scatter reduce all_gather broadcast all_to_all gather scatter sendrecv"
@@ -96,7 +96,7 @@ for cfg in "gpu2:cuda:2" "gpu2cpu2:cuda@0,1:4"; do
 done
 
 # 5. HMC against NCCL and the CUDA copies.
-step compare 240 env RUN_TIMEOUT=100 "$root/bench/compare-gpu.sh" --bin "$bin" --out "$out/compare"
+step compare 400 env RUN_TIMEOUT=100 "$root/bench/compare-gpu.sh" --bin "$bin" --out "$out/compare"
 
 echo
 echo "gpu-check: $((SECONDS - start)) s; tables in $out/compare/compare-gpu.md, logs in $out"
