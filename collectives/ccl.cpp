@@ -1,6 +1,9 @@
 #include "collectives/ccl.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -22,7 +25,20 @@ struct Offer {
   int32_t device = -1;
   uint32_t id_len = 0;  // rank 0's vendor communicator id, when it is ready
   uint8_t id[HMC_CCL_ID_MAX] = {};
+  char device_name[96] = {};  // "<host>/<pci bus id>": vendors want one rank per device
 };
+
+// The machine-wide name of `device` of provider `p` (the real host: vendors see that).
+void name_device(core::LoadedProvider* p, int device, char* out, std::size_t cap) {
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  hmc_device_info_t info{};
+  info.struct_size = sizeof(info);
+  if (p && p->dev->device_info(p->state, device, &info) == 0 && info.pci_bus_id[0])
+    std::snprintf(out, cap, "%s/%s", host, info.pci_bus_id);
+  else
+    std::snprintf(out, cap, "%s/%s:%d", host, p ? p->name.c_str() : "?", device);
+}
 
 Status provider_status(core::LoadedProvider* p, const std::string& what) {
   return {ErrorCode::kInternal, what + ": " + core::provider_error(*p)};
@@ -129,6 +145,7 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
     auto mem = ctx_.mem_info(where, 1);
     mine.ready = native_memory(mem, cp->ccl->device_provider) ? kYes : kElsewhere;
     mine.device = mem.device;
+    if (mine.ready == kYes) name_device(mem.provider, mem.device, mine.device_name, sizeof(mine.device_name));
     if (mine.ready == kYes && rank_ == 0) {
       std::size_t len = 0;
       if (cp->ccl->unique_id(cp->state, mine.id, sizeof(mine.id), &len) == 0) {
@@ -152,6 +169,13 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
     if (--tries_ == 0) return off("rank " + std::to_string(r) + " kept passing buffers that are not on " + cp->ccl->device_provider);
     return;  // ask again at the next delegable call
   }
+  const bool shared_ok = (cp->ccl->caps & HMC_CCL_CAP_SHARED_DEVICE) != 0;
+  for (int r = 0; r < size_ && !shared_ok; ++r)
+    for (int q = 0; q < r; ++q)
+      if (std::strncmp(all[r].device_name, all[q].device_name, sizeof(all[r].device_name)) == 0)
+        return off("ranks " + std::to_string(q) + " and " + std::to_string(r) + " share device " +
+                   std::string(all[r].device_name, strnlen(all[r].device_name, sizeof(all[r].device_name))) + "; " +
+                   cp->name + " needs one device per rank");
   ccl_ = cp;
   dev_ = ctx_.registry().device(cp->ccl->device_provider);
   device_ = mine.device;
@@ -337,7 +361,10 @@ bool CclLink::progress() {
     }
     ++i;
   }
+  // Work still on the device counts as movement: waiters keep polling its events, as
+  // cudaStreamSynchronize would, rather than sleeping until a wake that nothing sends.
   if (pending_.empty()) return any;
+  any = true;
   Status why;
   if (ccl_->ccl->comm_status(ccl_->state, comm_) != 0)
     why = Status(ErrorCode::kPeerLost, ccl_->name + " communicator failed: " + core::provider_error(*ccl_));

@@ -30,11 +30,14 @@ extern "C" {
 #define HMC_CCL_ENTRY_V1 "hmc_ccl_provider_v1"
 #define HMC_CCL_ID_MAX 256
 
+/* Capability bits. */
+#define HMC_CCL_CAP_SHARED_DEVICE (1ull << 0) /* ranks may share a device (NCCL: no) */
+
 typedef struct hmc_ccl_provider {
   size_t struct_size; /* sizeof(hmc_ccl_provider_t) of the provider's header */
   uint32_t abi_version;
   const char* name; /* "nccl", ... ; the file is libhmc-ccl-<name>.so */
-  uint64_t caps;    /* none defined yet: 0 */
+  uint64_t caps;    /* HMC_CCL_CAP_* */
   const hmc_param_t* params;
   size_t num_params;
   const char* device_provider; /* whose memory and streams it works on: "cuda" */
