@@ -8,6 +8,7 @@
 #
 #   bench/compare-gpu.sh [--bin DIR] [--out DIR] [-b 8] [-e 1G] [-f 2] [--colls "all_reduce ..."]
 #   ITERS=20 WARMUP=5 CHECK=0 P2P_SIZES="64M 256M 1G" RUN_TIMEOUT=240 bench/compare-gpu.sh
+#   NATIVE=0 bench/compare-gpu.sh ...      without the HMC_CCL=off runs
 #   DEVICE=emu bench/compare-gpu.sh ...    HMC side on another device provider (a dry run in CI)
 #
 # DIR holds hmc-bench, hmc-probe and hmc-gpu-ref (default: build/bin); libhmc and the cuda
@@ -56,7 +57,7 @@ run nccl "$bin/hmc-gpu-ref" -g 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" 
 for c in $colls; do
   run "hmc-$c" "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
     -w "$warmup" -c "$check" --timeout "$run_timeout" --json
-  [ "$c" = sendrecv ] && continue  # grouped send/recv is never delegated: one run says it all
+  [ "$c" = sendrecv ] || [ "${NATIVE:-1}" = 0 ] && continue  # sendrecv is never delegated: one run says it all
   run "native-$c" env HMC_CCL=off "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" \
     -n "$iters" -w "$warmup" -c "$check" --timeout "$run_timeout" --json
 done

@@ -6,14 +6,19 @@
 // "unavailable: <why>". The CUDA runtime is static (as in the cuda device provider) and
 // only sets the current device around NCCL calls.
 //
-// Communicators are non-blocking (ncclConfig_t::blocking = 0): init and every call return
-// at once and the communicator's state is polled, so that a rank that never joins or a
-// call that cannot be queued fails at the deadline instead of hanging the caller.
+// Communicators are blocking ones (a non-blocking communicator hands every call to a
+// helper thread: measured 60-600 us per small all_reduce on 2x H200, against NCCL's 13 us).
+// Init, the one call that waits for the other ranks, runs on a thread of its own, so that
+// a rank that never joins fails the caller at the deadline; the late communicator, if it
+// ever comes, is aborted by that thread.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -43,7 +48,7 @@ struct Nccl {
   decltype(&ncclGetErrorString) error_string = nullptr;
   decltype(&ncclGetLastError) last_error = nullptr;
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRankConfig) comm_init = nullptr;
+  decltype(&ncclCommInitRank) comm_init = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclCommGetAsyncError) async_error = nullptr;
@@ -174,7 +179,7 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   resolve(s->lib, "ncclGetErrorString", &f.error_string, &missing);
   resolve(s->lib, "ncclGetLastError", &f.last_error, &missing);
   resolve(s->lib, "ncclGetUniqueId", &f.get_unique_id, &missing);
-  resolve(s->lib, "ncclCommInitRankConfig", &f.comm_init, &missing);
+  resolve(s->lib, "ncclCommInitRank", &f.comm_init, &missing);
   resolve(s->lib, "ncclCommDestroy", &f.comm_destroy, &missing);
   resolve(s->lib, "ncclCommAbort", &f.comm_abort, &missing);
   resolve(s->lib, "ncclCommGetAsyncError", &f.async_error, &missing);
@@ -222,30 +227,50 @@ int unique_id(void* state, void* id, size_t cap, size_t* len) {
   return HMC_PROV_OK;
 }
 
+// One communicator init on its own thread; whoever finishes last (the thread, or a caller
+// that gave up) cleans up.
+struct InitJob {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  ncclResult_t result = ncclSuccess;
+  ncclComm_t nc = nullptr;
+};
+
 int comm_init(void* state, const void* id, size_t id_len, int nranks, int rank, int device, int64_t timeout_ms,
               void** comm) {
   auto* s = static_cast<State*>(state);
   if (id_len != sizeof(ncclUniqueId)) return fail(HMC_PROV_ERR_INVALID, "comm_init: id of %zu bytes, NCCL's has %zu", id_len, sizeof(ncclUniqueId));
-  DeviceScope scope(device);
-  if (!scope.ok()) return fail(HMC_PROV_ERR_INVALID, "comm_init: cannot make CUDA device %d current", device);
   ncclUniqueId uid;
   std::memcpy(&uid, id, sizeof(uid));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  auto* c = new Comm{nullptr, device, timeout_ms > 0 ? timeout_ms : 60000};
-  ncclResult_t r = s->f.comm_init(&c->nc, nranks, uid, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    const int rc = nccl_fail(s, c->nc, r, "ncclCommInitRankConfig");
-    if (c->nc != nullptr) s->f.comm_abort(c->nc);
-    delete c;
+  auto job = std::make_shared<InitJob>();
+  const Nccl f = s->f;  // the thread may outlive this provider's state
+  std::thread([job, f, uid, nranks, rank, device] {
+    ncclComm_t nc = nullptr;
+    const ncclResult_t r = cudaSetDevice(device) == cudaSuccess ? f.comm_init(&nc, nranks, uid, rank) : ncclInvalidArgument;
+    std::lock_guard lock(job->mu);
+    if (job->abandoned) {
+      if (nc != nullptr) f.comm_abort(nc);
+      return;
+    }
+    job->result = r;
+    job->nc = nc;
+    job->done = true;
+    job->cv.notify_all();
+  }).detach();
+  const int64_t limit = timeout_ms > 0 ? timeout_ms : 60000;
+  std::unique_lock lock(job->mu);
+  if (!job->cv.wait_for(lock, std::chrono::milliseconds(limit), [&] { return job->done; })) {
+    job->abandoned = true;
+    return fail(HMC_PROV_ERR_PEER_LOST, "ncclCommInitRank: not done after %lld ms (a rank missing?)", static_cast<long long>(limit));
+  }
+  if (job->result != ncclSuccess) {
+    const int rc = nccl_fail(s, job->nc, job->result, "ncclCommInitRank");
+    if (job->nc != nullptr) s->f.comm_abort(job->nc);
     return rc;
   }
-  if (const int rc = settle(s, c, r, "ncclCommInitRankConfig"); rc != HMC_PROV_OK) {
-    if (c->nc != nullptr) s->f.comm_abort(c->nc);
-    delete c;
-    return rc;
-  }
-  *comm = c;
+  *comm = new Comm{job->nc, device, limit};
   return HMC_PROV_OK;
 }
 
