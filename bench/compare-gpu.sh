@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # HMC against NCCL on this machine's GPUs, in one run: hmc-bench --device cuda (2 ranks,
-# --local 2) and hmc-gpu-ref (NCCL, same collectives and sizes), then hmc-probe with GPU
+# --local 2) as it comes (HMC_CCL=auto: two GPU ranks delegate to NCCL through the nccl
+# collective provider) and with HMC_CCL=off (HMC's own device paths, "native"), and
+# hmc-gpu-ref (NCCL, same collectives and sizes), then hmc-probe with GPU
 # buffers (GPU<->GPU) and one GPU rank with one CPU rank (GPU<->CPU) against cudaMemcpyPeer
 # and pinned cudaMemcpy. Tables (markdown) go to OUT/compare-gpu.md, raw JSON to OUT/raw/.
 #
 #   bench/compare-gpu.sh [--bin DIR] [--out DIR] [-b 8] [-e 1G] [-f 2] [--colls "all_reduce ..."]
 #   ITERS=20 WARMUP=5 CHECK=0 P2P_SIZES="64M 256M 1G" RUN_TIMEOUT=240 bench/compare-gpu.sh
+#   NATIVE=0 bench/compare-gpu.sh ...      without the HMC_CCL=off runs
 #   DEVICE=emu bench/compare-gpu.sh ...    HMC side on another device provider (a dry run in CI)
 #
 # DIR holds hmc-bench, hmc-probe and hmc-gpu-ref (default: build/bin); libhmc and the cuda
@@ -54,6 +57,9 @@ run nccl "$bin/hmc-gpu-ref" -g 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" 
 for c in $colls; do
   run "hmc-$c" "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
     -w "$warmup" -c "$check" --timeout "$run_timeout" --json
+  [ "$c" = sendrecv ] || [ "${NATIVE:-1}" = 0 ] && continue  # sendrecv is never delegated: one run says it all
+  run "native-$c" env HMC_CCL=off "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" \
+    -n "$iters" -w "$warmup" -c "$check" --timeout "$run_timeout" --json
 done
 for s in $p2p_sizes; do
   run "probe-gpu-gpu-$s" "$bin/hmc-probe" --local 2 -g "$device" -b "$s" -n "$iters" --lat-iters 200 --json --timeout "$run_timeout"
@@ -75,29 +81,39 @@ def ratio(a, b): return a / b if a is not None and b else None
 nccl = load("nccl") or {}
 print("# HMC vs NCCL on GPUs\n")
 print("NCCL %s, NCCL_NVLS_ENABLE=%s, GPUs: %s. HMC: hmc-bench --device %s --local 2 (out-of-place; "
-      "in-place in its own column); NCCL: hmc-gpu-ref, one process, ncclCommInitAll. busbw as nccl-tests.\n"
+      "in-place in its own column), as it comes (HMC_CCL=auto: delegated to NCCL) and native (HMC_CCL=off: "
+      "HMC's own device paths); NCCL: hmc-gpu-ref, one process, ncclCommInitAll. busbw as nccl-tests.\n"
       % (nccl.get("nccl_version", "?"), nccl.get("nvls_enable", "?"), "; ".join(nccl.get("gpus", [])) or "?", device))
 summary = []
 for c in colls:
     ref = {r["size"]: r for r in nccl.get("collectives", []) if r["collective"] == c}
     hmc = load("hmc-" + c) or {}
+    native = {r["size"]: r.get("out_of_place") or {} for r in (load("native-" + c) or {}).get("rows", [])}
     print("## %s, 2 ranks\n" % c)
-    print("| size (B) | HMC time (us) | NCCL time (us) | HMC busbw | HMC in-place busbw | NCCL busbw | HMC/NCCL busbw |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    big = []
+    print("| size (B) | HMC time (us) | NCCL time (us) | HMC busbw | HMC in-place busbw | NCCL busbw | HMC/NCCL busbw "
+          "| native time (us) | native busbw | native/NCCL |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    big, big_native = [], []
     for row in hmc.get("rows", []):
         o, i, n = row.get("out_of_place") or {}, row.get("in_place") or {}, ref.get(row["size"], {})
-        r = ratio(o.get("busbw_gbps"), n.get("busbw_gbps"))
+        v = native.get(row["size"], {})
+        r, rv = ratio(o.get("busbw_gbps"), n.get("busbw_gbps")), ratio(v.get("busbw_gbps"), n.get("busbw_gbps"))
         if row["size"] >= 64 << 20 and r is not None: big.append(r)
+        if row["size"] >= 64 << 20 and rv is not None: big_native.append(rv)
         wrong = " (wrong %d)" % o["wrong"] if o.get("wrong") else ""
-        print("| %d | %s%s | %s | %s | %s | %s | %s |" % (row["size"], f(o.get("time_us")), wrong, f(n.get("time_us")),
-              f(o.get("busbw_gbps")), f(i.get("busbw_gbps")), f(n.get("busbw_gbps")), f(r, "%.3f")))
-    if not hmc: print("| no HMC result (see raw/hmc-%s.err) | | | | | | |" % c)
+        wrong_native = " (wrong %d)" % v["wrong"] if v.get("wrong") else ""
+        print("| %d | %s%s | %s | %s | %s | %s | %s | %s%s | %s | %s |" % (row["size"], f(o.get("time_us")), wrong,
+              f(n.get("time_us")), f(o.get("busbw_gbps")), f(i.get("busbw_gbps")), f(n.get("busbw_gbps")), f(r, "%.3f"),
+              f(v.get("time_us")), wrong_native, f(v.get("busbw_gbps")), f(rv, "%.3f")))
+    if not hmc: print("| no HMC result (see raw/hmc-%s.err) | | | | | | | | | |" % c)
     print()
     if big: summary.append("%s: HMC/NCCL busbw at >= 64 MiB: min %.3f (target >= 0.90)" % (c, min(big)))
+    if big_native: summary.append("%s native (HMC_CCL=off): HMC/NCCL busbw at >= 64 MiB: min %.3f" % (c, min(big_native)))
     if c == "all_reduce" and hmc.get("rows") and hmc["rows"][0]["size"] == 8 and 8 in ref:
         t = hmc["rows"][0]["out_of_place"]["time_us"] / ref[8]["time_us"]
         summary.append("all_reduce 8 B: HMC/NCCL time %.2f (target <= 2)" % t)
+        if 8 in native and native[8].get("time_us"):
+            summary.append("all_reduce 8 B native: HMC/NCCL time %.2f" % (native[8]["time_us"] / ref[8]["time_us"]))
 p2p = {}
 for r in nccl.get("p2p", []): p2p[(r["test"], r["size"])] = r["gbps"]
 print("## Point-to-point (hmc-probe --local 2, one way, 4 messages in flight)\n")

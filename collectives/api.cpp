@@ -52,6 +52,7 @@ Request all_reduce(Communicator& comm, const void* send, void* recv, std::size_t
   c.algo_bytes = c.result_bytes = bytes;
   c.empty = count == 0;
   c.where = recv;
+  c.ccl = coll::CclWork{kKind, send, recv, bytes, bytes, count, dtype, op, 0, bytes};
   return c.run([=](Plan& p, Algo a) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -93,6 +94,8 @@ Request reduce(Communicator& comm, const void* send, void* recv, std::size_t cou
   c.result_bytes = c.rank() == root ? bytes : 0;
   c.empty = count == 0;
   c.where = send;
+  c.ccl = coll::CclWork{kKind, send, c.rank() == root ? recv : nullptr, bytes, c.result_bytes, count, dtype, op, root,
+                        c.result_bytes};
   return c.run([=](Plan& p, Algo a) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -115,6 +118,7 @@ Request broadcast(Communicator& comm, void* buf, std::size_t count, DataType dty
   c.algo_bytes = c.result_bytes = count * dtype_size(dtype);
   c.empty = count == 0;
   c.where = buf;
+  c.ccl = coll::CclWork{kKind, buf, buf, c.result_bytes, c.result_bytes, count, dtype, std::nullopt, root, c.result_bytes};
   return c.run([=](Plan& p, Algo a) -> Status {
     if (p.size == 1) return {};
     return coll::broadcast_tree(p, buf, count, root, a == Algo::kRing, coll::kNoAction, 0).status();
@@ -137,6 +141,7 @@ Request all_gather(Communicator& comm, const void* send, void* recv, std::size_t
   c.algo_bytes = c.result_bytes = total;
   c.empty = count == 0;
   c.where = recv;
+  c.ccl = coll::CclWork{kKind, send, recv, bytes, total, count, dtype, std::nullopt, 0, total};
   return c.run([=](Plan& p, Algo a) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -167,6 +172,7 @@ Request reduce_scatter(Communicator& comm, const void* send, void* recv, std::si
   c.result_bytes = bytes;
   c.empty = recv_count == 0;
   c.where = recv;
+  c.ccl = coll::CclWork{kKind, send, recv, total, bytes, recv_count, dtype, op, 0, bytes};
   return c.run([=](Plan& p, Algo a) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -251,6 +257,7 @@ Request all_to_all(Communicator& comm, const void* send, void* recv, std::size_t
   c.result_bytes = total;
   c.empty = count == 0;
   c.where = recv;
+  c.ccl = coll::CclWork{kKind, send, recv, total, total, count, dtype, std::nullopt, 0, total};
   return c.run([=](Plan& p, Algo a) -> Status {
     const int window = a == Algo::kPairwise ? 1 : p.size - 1;
     if (send == recv) return coll::all_to_all_in_place(p, recv, count, window);

@@ -4,6 +4,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/coll_op.h"
+#include "collectives/comm_state.h"
 #include "collectives/driver.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
@@ -34,9 +35,7 @@ Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt) : comm_(co
   }
   rank_ = comm.rank();
   size_ = comm.size();
-  auto seq = next_sequence(comm.impl());
-  if (!seq) status_ = seq.status();
-  else seq_ = seq.value();
+  seq_ = next_sequence(comm.impl());
 }
 
 Request Call::run(const Build& build) {
@@ -53,6 +52,8 @@ Request Call::run(const Build& build) {
     done->complete(0);
     return Request(done);
   }
+  if (ccl && !empty)
+    if (auto delegated = try_delegate(comm_, *ccl, opt_)) return std::move(*delegated);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
   // job's ranks hold different memory kinds): each chunk costs a handshake, which device
   // copies (hundreds of GB/s) notice most, so large messages get larger chunks.
@@ -62,7 +63,7 @@ Request Call::run(const Build& build) {
     chunk_bytes = std::max(chunk_bytes, algo_bytes / static_cast<std::size_t>(pieces));
   const std::size_t esz = dtype_size(dtype);
   Schedule sched;
-  Scratch scratch(ctx, ctx.device_of(where));
+  Scratch scratch(ctx, ctx.device_of(where), comm_state(ci).scratch);
   Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
   if (!empty)
     if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));

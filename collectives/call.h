@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "collectives/ccl.h"
 #include "collectives/plan.h"
 #include "collectives/select.h"
 #include "core/stream_order.h"
@@ -39,6 +40,8 @@ class Call {
   const void* where = nullptr;   // a user buffer: scratch goes on its device
   // all_to_all_v: elements sent to / expected from each rank, for the argument check.
   std::vector<uint64_t> to_peer, from_peer;
+  // Set by the collectives a vendor library can run (ccl.h): tried before HMC's schedule.
+  std::optional<CclWork> ccl;
 
   using Build = std::function<Status(Plan&, Algo)>;
   Request run(const Build& build);

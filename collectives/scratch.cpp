@@ -1,5 +1,7 @@
 #include "collectives/scratch.h"
 
+#include <algorithm>
+#include <bit>
 #include <mutex>
 #include <new>
 
@@ -9,12 +11,38 @@ namespace hmc::coll {
 namespace {
 
 constexpr std::align_val_t kAlign{64};
+constexpr std::size_t kMinBlock = 64 * 1024;
 
 }  // namespace
 
 void Scratch::HeapFree::operator()(uint8_t* p) const { ::operator delete(p, kAlign); }
 
-Scratch::~Scratch() = default;
+Result<Memory> ScratchPool::take(core::ContextImpl& ctx, const DeviceId& device, std::size_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    // The smallest free block of this device that fits.
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->device() == device && it->size() >= bytes && (best == free_.end() || it->size() < best->size()))
+        best = it;
+    if (best != free_.end()) {
+      Memory m = std::move(*best);
+      free_.erase(best);
+      return m;
+    }
+  }
+  return ctx.alloc(device, std::bit_ceil(std::max<std::size_t>(bytes, kMinBlock)), AllocKind::kDefault);
+}
+
+void ScratchPool::give(Memory block) {
+  std::lock_guard lock(mu_);
+  free_.push_back(std::move(block));
+}
+
+Scratch::~Scratch() {
+  if (!pool_) return;
+  for (auto& m : device_mem_) pool_->give(std::move(m));
+}
 
 Result<uint8_t*> Scratch::get(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
@@ -28,7 +56,7 @@ Result<uint8_t*> Scratch::get(std::size_t bytes) {
     heap_.emplace_back(p);
     return p;
   }
-  auto mem = ctx_.alloc(device_, bytes, AllocKind::kDefault);
+  auto mem = pool_ ? pool_->take(ctx_, device_, bytes) : ctx_.alloc(device_, bytes, AllocKind::kDefault);
   if (!mem) return mem.status();
   auto* p = static_cast<uint8_t*>(mem->data());
   device_mem_.push_back(std::move(mem.value()));

@@ -1,9 +1,11 @@
-// Scratch memory of one collective, on the device of the user's buffers.
+// Scratch memory of one collective, on the device of the user's buffers, and the pool of
+// device blocks a communicator keeps for it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "hmc/memory.h"
@@ -16,9 +18,25 @@ class ContextImpl;
 
 namespace hmc::coll {
 
+// Device blocks reused by one communicator's collectives. Freeing device memory waits for
+// the whole device on CUDA (cudaFree), which stalls behind any stream that waits for an
+// HMC flag (a stream-ordered collective) and so could deadlock; allocating also costs more
+// than a small collective. Blocks come in powers of two and are freed with the pool.
+class ScratchPool {
+ public:
+  Result<Memory> take(core::ContextImpl& ctx, const DeviceId& device, std::size_t bytes);
+  void give(Memory block);
+
+ private:
+  std::mutex mu_;
+  std::vector<Memory> free_;
+};
+
 class Scratch {
  public:
-  Scratch(core::ContextImpl& ctx, DeviceId device) : ctx_(ctx), device_(std::move(device)) {}
+  // `pool` serves device scratch (may be null: then every block is allocated and freed).
+  Scratch(core::ContextImpl& ctx, DeviceId device, std::shared_ptr<ScratchPool> pool = nullptr)
+      : ctx_(ctx), device_(std::move(device)), pool_(std::move(pool)) {}
   Scratch(Scratch&&) = default;
   ~Scratch();
 
@@ -34,6 +52,7 @@ class Scratch {
   };
   core::ContextImpl& ctx_;
   DeviceId device_;
+  std::shared_ptr<ScratchPool> pool_;
   std::vector<std::unique_ptr<uint8_t, HeapFree>> heap_;
   std::vector<Memory> device_mem_;
 };

@@ -30,8 +30,7 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
   std::vector<int32_t> all(2 * static_cast<std::size_t>(n));
   if (Status s = all_gather(comm, mine, all.data(), 2, DataType::kInt32).wait(); !s.ok()) return split_error(s);
   // Every rank takes the sequence number, also those that join no sub-communicator.
-  auto seq = coll::next_sequence(comm.impl());
-  if (!seq) return split_error(seq.status());
+  const uint64_t seq = coll::next_sequence(comm.impl());
   if (color < 0) return Communicator();
   std::vector<std::pair<int32_t, int>> members;  // (key, parent rank)
   for (int j = 0; j < n; ++j)
@@ -43,7 +42,7 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
     if (members[i].second == r) new_rank = static_cast<int>(i);
   }
   const int new_size = static_cast<int>(members.size());
-  const uint64_t tag = coll::tag_base(seq.value()) | coll::subtag(0);
+  const uint64_t tag = coll::tag_base(seq) | coll::subtag(0);
   std::array<char, kIdBytes> text{};
   if (r == leader) {
     auto id = ctx.create_unique_id();

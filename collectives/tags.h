@@ -37,8 +37,8 @@ inline uint64_t subtag(uint64_t step, uint64_t chunk = 0) { return (step << 20) 
 // A (CommImpl matches a peer's messages of one tag in order), as NCCL's grouped calls do.
 inline constexpr uint64_t kGroupTag = kReservedBit | (kChannelSeq << kSeqShift) | 1;
 
-// Takes the next sequence number of `comm`. The counter lives inside the communicator
-// itself (see sequence.cpp), so it starts at 0 for every new communicator and dies with it.
-Result<uint64_t> next_sequence(core::CommImpl& comm);
+// Takes the next sequence number of `comm`. The counter lives in the communicator's
+// collective state (comm_state.h), so it starts at 0 for every new communicator.
+uint64_t next_sequence(core::CommImpl& comm);
 
 }  // namespace hmc::coll

@@ -275,6 +275,12 @@ Status CommImpl::finalize() {
   return s.ok() ? bye : s;
 }
 
+std::shared_ptr<void> CommImpl::upper_state(const std::function<std::shared_ptr<void>()>& make) {
+  std::lock_guard lock(upper_mu_);
+  if (!upper_) upper_ = make();
+  return upper_;
+}
+
 CommImpl::~CommImpl() {
   if (state_.load() == 0) HMC_LOG("core", info, "communicator destroyed without finalize(); peers will see rank {} lost", rank_);
   abort();

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,10 @@ class CommImpl : public Progressable {
   Status usable() const;
 
   bool progress() override;
+
+  // One slot for the layer above (the collectives' sequence counter, scratch pool, vendor
+  // CCL communicator): made by `make` on first use, destroyed with the communicator.
+  std::shared_ptr<void> upper_state(const std::function<std::shared_ptr<void>()>& make);
 
  private:
   struct SendOp {
@@ -164,6 +169,8 @@ class CommImpl : public Progressable {
   std::vector<RegCacheEntry> reg_cache_;
   uint64_t reg_cache_gen_ = 0;
   DeviceTransfers dev_{ctx_};
+  std::mutex upper_mu_;
+  std::shared_ptr<void> upper_;
 };
 
 }  // namespace hmc::core

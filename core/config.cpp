@@ -112,6 +112,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'tree', 'pairwise', or per collective 'all_reduce=ring,all_gather=rd'"},
       {"HMC_COLL_CHUNK", ParamType::kSize, "1M", "collectives cut messages into chunks of this size so transfer and reduction overlap"},
       {"HMC_COLL_MAX_CHUNKS", ParamType::kInt, "64", "larger collectives use chunks of size/HMC_COLL_MAX_CHUNKS instead (fewer handshakes; set alike on every rank)"},
+      {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
       {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},
       {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},

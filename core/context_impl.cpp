@@ -74,7 +74,7 @@ LoadedProvider* pick_net_allocator(const PluginRegistry& reg, const Config& conf
 }  // namespace
 
 std::string provider_error(const LoadedProvider& p) {
-  const char* e = p.dev ? p.dev->last_error(p.state) : nullptr;
+  const char* e = p.dev ? p.dev->last_error(p.state) : p.ccl ? p.ccl->last_error(p.state) : nullptr;
   return e && *e ? e : "no detail";
 }
 

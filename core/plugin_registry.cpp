@@ -103,6 +103,14 @@ std::string check_net_table(const hmc_net_provider_t* t) {
   return {};
 }
 
+std::string check_ccl_table(const hmc_ccl_provider_t* t) {
+  if (!t->device_provider || !t->init || !t->fini || !t->last_error || !t->supports || !t->unique_id || !t->comm_init ||
+      !t->comm_destroy || !t->comm_abort || !t->comm_status || !t->all_reduce || !t->broadcast || !t->reduce ||
+      !t->all_gather || !t->reduce_scatter || !t->send || !t->recv || !t->group_start || !t->group_end)
+    return "a function of the table (or device_provider) is NULL: every one is mandatory";
+  return {};
+}
+
 }  // namespace
 
 std::vector<std::string> device_cap_names(uint64_t caps) {
@@ -135,12 +143,14 @@ LoadedProvider::~LoadedProvider() {
   if (state) {
     if (dev) dev->fini(state);
     if (net) net->fini(state);
+    if (ccl) ccl->fini(state);
   }
   if (dl) dlclose(dl);
 }
 
 PluginRegistry::~PluginRegistry() {
-  nets_.clear();  // nets may hold registrations of device memory: finalise them first
+  ccls_.clear();  // collective providers work on device memory and streams: finalise them first
+  nets_.clear();  // nets may hold registrations of device memory: finalise them before devices
   devices_.clear();
 }
 
@@ -159,7 +169,7 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       std::string file = f.filename().string();
-      for (std::string kind : {"device", "net"}) {
+      for (std::string kind : {"device", "net", "ccl"}) {
         std::string prefix = "libhmc-" + kind + "-";
         if (file.rfind(prefix, 0) != 0 || file.size() <= prefix.size() + 3 || file.substr(file.size() - 3) != ".so")
           continue;
@@ -220,19 +230,22 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
   } else {
     p->dl = dlopen(c.path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!p->dl) return refuse(std::string("unavailable: cannot load: ") + dlerror());
-    const char* entry = c.kind == "device" ? HMC_DEVICE_ENTRY_V1 : HMC_NET_ENTRY_V1;
+    const char* entry = c.kind == "device" ? HMC_DEVICE_ENTRY_V1 : c.kind == "net" ? HMC_NET_ENTRY_V1 : HMC_CCL_ENTRY_V1;
     void* sym = dlsym(p->dl, entry);
     if (!sym) return refuse(std::string("refused: no entry symbol ") + entry + " (not an HMC provider, or a different ABI)");
     if (c.kind == "device") table = reinterpret_cast<hmc_device_entry_v1_fn>(sym)();
-    else table = reinterpret_cast<hmc_net_entry_v1_fn>(sym)();
+    else if (c.kind == "net") table = reinterpret_cast<hmc_net_entry_v1_fn>(sym)();
+    else table = reinterpret_cast<hmc_ccl_entry_v1_fn>(sym)();
     if (!table) return refuse("refused: entry returned no table");
   }
-  // struct_size and abi_version are the first two fields of both tables.
+  // struct_size, abi_version, name and caps open every table.
   struct Head { size_t struct_size; uint32_t abi_version; const char* name; uint64_t caps; };
   const auto* head = static_cast<const Head*>(table);
-  uint32_t want_abi = c.kind == "device" ? HMC_DEVICE_ABI_VERSION : HMC_NET_ABI_VERSION;
+  uint32_t want_abi = c.kind == "device" ? HMC_DEVICE_ABI_VERSION : c.kind == "net" ? HMC_NET_ABI_VERSION : HMC_CCL_ABI_VERSION;
   // Tables from before the appended functions (device: stream flags; net: mem_alloc) still load.
-  size_t want_size = c.kind == "device" ? offsetof(hmc_device_provider_t, flag_alloc) : offsetof(hmc_net_provider_t, mem_alloc);
+  size_t want_size = c.kind == "device" ? offsetof(hmc_device_provider_t, flag_alloc)
+                     : c.kind == "net"  ? offsetof(hmc_net_provider_t, mem_alloc)
+                                        : sizeof(hmc_ccl_provider_t);
   info.abi_version = head->abi_version;
   info.caps = head->caps;
   if (head->abi_version != want_abi)
@@ -250,20 +263,26 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
     params = p->dev->params;
     num_params = p->dev->num_params;
     info.cap_names = device_cap_names(head->caps);
-  } else {
+  } else if (c.kind == "net") {
     p->net = static_cast<const hmc_net_provider_t*>(table);
     bad = check_net_table(p->net);
     params = p->net->params;
     num_params = p->net->num_params;
     info.cap_names = net_cap_names(head->caps);
+  } else {
+    p->ccl = static_cast<const hmc_ccl_provider_t*>(table);
+    bad = check_ccl_table(p->ccl);
+    params = p->ccl->params;
+    num_params = p->ccl->num_params;
   }
   if (!bad.empty()) return refuse("refused: " + bad);
   HMC_RETURN_IF_ERROR(config.add_params(c.name, params, num_params));
 
   p->services = {sizeof(hmc_host_services_t), p.get(), host_log, host_config_get, host_wake};
   char reason[512] = {0};
-  int rc = c.kind == "device" ? p->dev->init(&p->services, &p->state, reason, sizeof(reason))
-                              : p->net->init(&p->services, &p->state, reason, sizeof(reason));
+  int rc = p->dev   ? p->dev->init(&p->services, &p->state, reason, sizeof(reason))
+           : p->net ? p->net->init(&p->services, &p->state, reason, sizeof(reason))
+                    : p->ccl->init(&p->services, &p->state, reason, sizeof(reason));
   if (rc != HMC_PROV_OK) {
     p->state = nullptr;
     std::string why = reason[0] ? reason : "init failed with code " + std::to_string(rc);
@@ -275,6 +294,10 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
     info.available = true;
     report_.push_back(info);
     devices_.push_back(std::move(p));
+  } else if (p->ccl) {
+    info.available = true;
+    report_.push_back(info);
+    ccls_.push_back(std::move(p));
   } else {
     p->net_props.struct_size = sizeof(hmc_net_props_t);
     if (p->net->props(p->state, &p->net_props) != 0) return refuse("unavailable: props query failed");

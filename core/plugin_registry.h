@@ -1,4 +1,4 @@
-// PluginRegistry: finds, selects, validates and loads device and net providers.
+// PluginRegistry: finds, selects, validates and loads device, net and collective providers.
 //
 // Discovery is cheap (file names only): HMC_PROVIDER_PATH folders first, then the folder
 // holding libhmc, then the providers built into libhmc. The first provider of a name wins.
@@ -13,6 +13,7 @@
 
 #include "core/config.h"
 #include "hmc/context.h"
+#include "hmc/provider/ccl.h"
 #include "hmc/provider/device.h"
 #include "hmc/provider/net.h"
 #include "hmc/status.h"
@@ -29,6 +30,7 @@ struct LoadedProvider {
   void* state = nullptr;
   const hmc_device_provider_t* dev = nullptr;
   const hmc_net_provider_t* net = nullptr;
+  const hmc_ccl_provider_t* ccl = nullptr;
   hmc_net_props_t net_props{};
   hmc_host_services_t services{};
   std::string log_name;  // "prov.<name>"
@@ -45,6 +47,7 @@ class PluginRegistry {
 
   const std::vector<std::unique_ptr<LoadedProvider>>& devices() const { return devices_; }
   const std::vector<std::unique_ptr<LoadedProvider>>& nets() const { return nets_; }
+  const std::vector<std::unique_ptr<LoadedProvider>>& ccls() const { return ccls_; }
   LoadedProvider* device(const std::string& name) const;
   LoadedProvider* net(const std::string& name) const;
   // Every provider seen, loaded or not, with the reason when not.
@@ -58,6 +61,7 @@ class PluginRegistry {
 
   std::vector<std::unique_ptr<LoadedProvider>> devices_;
   std::vector<std::unique_ptr<LoadedProvider>> nets_;
+  std::vector<std::unique_ptr<LoadedProvider>> ccls_;
   std::vector<ProviderInfo> report_;
   std::vector<std::string> search_path_;
 };

@@ -14,6 +14,7 @@ Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, Loade
                                                " cannot order operations on a stream (needs streams and stream flags)");
   ctx.stream_retirement().sweep();
   std::shared_ptr<StreamOrder> o(new StreamOrder(ctx, p));
+  o->device_ = device;
   auto fail = [&](const char* what) {
     o->finished_ = true;  // nothing queued on the stream waits yet: just free what was made
     return Status(ErrorCode::kInternal, std::string(what) + " on " + p->name + " failed: " + provider_error(*p));
@@ -21,7 +22,7 @@ Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, Loade
   const auto* d = p->dev;
   if (d->event_create(p->state, device, &o->before_) != 0) return fail("creating an event");
   if (d->event_record(p->state, o->before_, stream) != 0) return fail("recording an event on the stream");
-  if (d->flag_alloc(p->state, device, &o->flag_) != 0) return fail("allocating a stream flag");
+  if (ctx.stream_retirement().take_flag(p, device, &o->flag_) != 0) return fail("allocating a stream flag");
   *o->flag_ = 0;
   if (d->event_create(p->state, device, &o->after_) != 0) return fail("creating an event");
   if (d->stream_wait_flag(p->state, stream, o->flag_, 1) != 0) return fail("queueing a flag wait on the stream");
@@ -43,7 +44,7 @@ StreamOrder::~StreamOrder() {
     return;
   }
   // Never reached the stream: free here. After finish() the retirement list owns them.
-  if (flag_ || before_ || after_) ctx_.stream_retirement().add(p_, flag_, after_, before_);
+  if (flag_ || before_ || after_) ctx_.stream_retirement().add(p_, device_, flag_, after_, before_);
 }
 
 bool StreamOrder::ready() {
@@ -56,7 +57,7 @@ void StreamOrder::finish() {
   if (finished_) return;
   finished_ = true;
   __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE);
-  ctx_.stream_retirement().add(p_, flag_, after_, before_);
+  ctx_.stream_retirement().add(p_, device_, flag_, after_, before_);
   flag_ = nullptr;
   after_ = before_ = nullptr;
   ctx_.engine()->release();
@@ -78,21 +79,35 @@ StreamRetirement::~StreamRetirement() {
     // A stream still waiting on this flag would read freed memory: keep it.
     HMC_LOG("core", warn, "a device stream had not passed an HMC flag at context destruction; leaking the flag");
   }
+  for (auto& f : spare_) f.p->dev->flag_free(f.p->state, f.flag);
 }
 
-void StreamRetirement::add(LoadedProvider* p, volatile uint32_t* flag, void* after, void* before) {
+void StreamRetirement::add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before) {
   std::lock_guard lock(mu_);
-  entries_.push_back({p, flag, after, before});
+  entries_.push_back({p, device, flag, after, before});
+}
+
+int StreamRetirement::take_flag(LoadedProvider* p, int device, volatile uint32_t** flag) {
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->p != p || it->device != device) continue;
+      *flag = it->flag;
+      spare_.erase(it);
+      return 0;
+    }
+  }
+  return p->dev->flag_alloc(p->state, device, flag);
 }
 
 void StreamRetirement::sweep() {
   std::lock_guard lock(mu_);
-  std::erase_if(entries_, [](Entry& e) {
+  std::erase_if(entries_, [this](Entry& e) {
     const auto* d = e.p->dev;
     if (e.after && d->event_query(e.p->state, e.after) == 1) return false;
     if (e.before) d->event_destroy(e.p->state, e.before);
     if (e.after) d->event_destroy(e.p->state, e.after);
-    if (e.flag) d->flag_free(e.p->state, e.flag);
+    if (e.flag) spare_.push_back({e.p, e.device, e.flag});
     return true;
   });
 }

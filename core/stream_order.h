@@ -37,28 +37,41 @@ class StreamOrder {
   StreamOrder(ContextImpl& ctx, LoadedProvider* p) : ctx_(ctx), p_(p) {}
   ContextImpl& ctx_;
   LoadedProvider* p_;
+  int device_ = 0;
   void* before_ = nullptr;  // recorded at the call: the work the operation waits for
   void* after_ = nullptr;   // recorded behind the flag wait: done once the stream passed it
   volatile uint32_t* flag_ = nullptr;
   bool finished_ = false;
 };
 
-// Flags and events of finished operations, freed once their stream has passed the wait.
+// Flags and events of finished operations. Once their stream has passed the wait the
+// events are destroyed and the flag is kept for the next operation on that device: freeing
+// it would be a pinned-memory free (cudaFreeHost), which waits for the whole device and so
+// for any other stream still held by an HMC flag. Flags are freed with the context.
 class StreamRetirement {
  public:
   ~StreamRetirement();
-  void add(LoadedProvider* p, volatile uint32_t* flag, void* after, void* before);
+  void add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before);
   void sweep();
+  // A spare flag of `p`'s `device`, or a new one.
+  int take_flag(LoadedProvider* p, int device, volatile uint32_t** flag);
 
  private:
   struct Entry {
     LoadedProvider* p;
+    int device;
     volatile uint32_t* flag;
     void* after;
     void* before;
   };
+  struct Spare {
+    LoadedProvider* p;
+    int device;
+    volatile uint32_t* flag;
+  };
   std::mutex mu_;
   std::vector<Entry> entries_;
+  std::vector<Spare> spare_;
 };
 
 }  // namespace hmc::core

@@ -349,6 +349,8 @@ int stream_wait_flag(void* state, void* stream, volatile uint32_t* flag, uint32_
   if (const int rc = stream_device(stream, "stream_wait_flag", &device); rc != HMC_PROV_OK) return rc;
   DeviceGuard guard;
   if (const int rc = guard.use(device, "stream_wait_flag"); rc != HMC_PROV_OK) return rc;
+  // Nothing the operation does behind this wait may need the whole device.
+  if (const int rc = load_kernels(s, device); rc != HMC_PROV_OK) return rc;
   void* dptr = nullptr;
   const cudaError_t err = cudaHostGetDevicePointer(&dptr, const_cast<uint32_t*>(flag), 0);
   if (err != cudaSuccess) return fail_cuda(err, "stream_wait_flag", "cudaHostGetDevicePointer");

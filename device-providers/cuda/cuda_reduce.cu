@@ -350,6 +350,25 @@ int finish(cudaError_t err, void* stream, const char* what) {
 
 }  // namespace
 
+int load_kernels(State* s, int device) {
+  {
+    std::lock_guard lock(s->mutex);
+    if (s->devices[static_cast<size_t>(device)].kernels_loaded) return HMC_PROV_OK;
+  }
+  // Launches of zero elements: nothing is read or written, but each kernel gets loaded.
+  cudaError_t err = cudaSuccess;
+  for (int t = 0; t < HMC_DTYPE_COUNT && err == cudaSuccess; ++t) {
+    for (int op = 0; op < HMC_OP_COUNT && err == cudaSuccess; ++op)
+      err = kReduce[t](op, nullptr, nullptr, nullptr, 0, 1, cudaStreamPerThread);
+    if (err == cudaSuccess) err = kDivide[t](nullptr, 0, 2, 1, cudaStreamPerThread);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess) return fail_cuda(err, "loading the reduce kernels", "cudaLaunchKernel");
+  std::lock_guard lock(s->mutex);
+  s->devices[static_cast<size_t>(device)].kernels_loaded = true;
+  return HMC_PROV_OK;
+}
+
 int reduce(void* state, void* dst, const void* a, const void* b, size_t count, int dtype, int op,
            void* stream) {
   auto* s = static_cast<State*>(state);

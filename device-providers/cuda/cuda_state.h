@@ -33,6 +33,7 @@ struct Device {
   hmc_device_info_t info{};
   std::array<uint8_t, 16> uuid{};
   int sm_count = 1;
+  bool kernels_loaded = false;  // load_kernels ran (guarded by State::mutex)
 };
 
 // A block handed out by mem_alloc.
@@ -73,6 +74,12 @@ struct State {
   std::vector<volatile uint32_t*> free_flags;
   std::set<uintptr_t> live_flags;
 };
+
+// Loads every reduce and divide kernel into the current device's context, once per device.
+// CUDA loads kernels on first launch (CUDA_MODULE_LOADING=LAZY, the default), and loading
+// waits for the whole device: the first reduce while a stream waits on an HMC flag would
+// never return, since the flag is set only when that reduce's collective ends.
+int load_kernels(State* s, int device);
 
 // Records a failure message for the calling thread (printf format) and returns `code`.
 int fail(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -980,7 +980,7 @@ TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][er
   REQUIRE(exits[1].exit_code == 0);
 }
 
-TEST_CASE("wait with a deadline times out and the collective still completes", "[collectives]") {
+TEST_CASE("wait with a deadline times out and the collective still completes", "[collectives][timing]") {
   run(2, settings(), [](RankEnv& e) {
     int64_t v = e.rank + 1, out = 0;
     if (e.rank == 1) usleep(300000);  // rank 0 waits briefly first

@@ -1,0 +1,48 @@
+// Delegation to a vendor collective library (DESIGN.md: homogeneous groups may delegate to
+// the vendor CCL). A communicator whose ranks all pass buffers of one collective
+// provider's devices (nccl: cuda) hands its collectives to that library, which queues
+// them on the device stream; HMC's own schedules run everything else.
+//
+// Every rank must take the same branch, so the choice depends only on what all ranks share:
+// the communicator's state, decided by one exchange among all ranks, and the call's
+// arguments (kind, dtype, op, options). The exchange runs at a delegable call while the
+// state is undecided: each rank says whether it could delegate (a collective provider is
+// loaded and this call's buffer is memory of its device provider). All yes: the vendor
+// communicator is made and the state is on. A rank without a collective provider: off for
+// good. Otherwise (some buffers on the host) the next delegable calls ask again, up to
+// kAgreeTries times. Once on, every delegable call is delegated on every rank; a rank whose
+// buffers are elsewhere (host memory, another device) stages them through device scratch.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "collectives/select.h"
+#include "hmc/collectives.h"
+#include "hmc/communicator.h"
+#include "hmc/request.h"
+
+namespace hmc::coll {
+
+// One collective as the vendor library takes it, with this rank's buffers.
+struct CclWork {
+  CollKind kind;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t send_bytes = 0;  // this rank's extents (0: unused on this rank)
+  std::size_t recv_bytes = 0;
+  std::size_t count = 0;       // all_gather, reduce_scatter, all_to_all: per rank
+  DataType dtype = DataType::kUint8;
+  std::optional<ReduceOp> op;
+  int root = 0;
+  std::size_t result_bytes = 0;  // what Request::bytes reports
+};
+
+// Whether kind can be delegated at all.
+bool ccl_kind(CollKind kind);
+
+// The request of `w` run by the communicator's vendor library, or nullopt when this call
+// is not delegated (then HMC's schedule runs it, on every rank alike).
+std::optional<Request> try_delegate(Communicator& comm, const CclWork& w, const CollOptions& opt);
+
+}  // namespace hmc::coll
