@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -67,8 +68,11 @@ class CclLink : public core::Progressable {
   CclLink(core::ContextImpl& ctx, int rank, int size) : ctx_(ctx), engine_(ctx.engine()), rank_(rank), size_(size) {}
   ~CclLink() override;
 
-  State state() const { return state_; }
-  const Status& failure() const { return failure_; }
+  State state() const { return state_.load(); }
+  Status failure() {
+    std::lock_guard lock(mu_);
+    return failure_;
+  }
   bool supports(DataType t, ReduceOp op) const {
     return ccl_->ccl->supports(ccl_->state, static_cast<int>(t), static_cast<int>(op == ReduceOp::kAvg ? ReduceOp::kSum : op));
   }
@@ -104,9 +108,9 @@ class CclLink : public core::Progressable {
   core::ContextImpl& ctx_;
   std::shared_ptr<core::ProgressEngine> engine_;
   const int rank_, size_;
-  State state_ = State::kUndecided;
+  std::atomic<State> state_{State::kUndecided};  // read by callers, set by progress too
   int tries_ = kAgreeTries;
-  Status failure_;
+  Status failure_;  // guarded by mu_
   core::LoadedProvider* ccl_ = nullptr;
   core::LoadedProvider* dev_ = nullptr;
   int device_ = -1;
@@ -121,6 +125,7 @@ class CclLink : public core::Progressable {
 
 CclLink::~CclLink() {
   engine_->remove(this);
+  std::lock_guard lock(mu_);  // a progress() already running finishes first
   // Work nobody waited for may never finish (a peer gone): cut it short instead.
   if (comm_) (pending_.empty() ? ccl_->ccl->comm_destroy : ccl_->ccl->comm_abort)(ccl_->state, comm_);
   for (auto& p : pending_) {
@@ -137,9 +142,20 @@ void CclLink::off(std::string why) {
 }
 
 void CclLink::agree(Communicator& comm, const CclWork& w) {
+  // The cards every rank sent at creation settle the common case without an exchange
+  // (and so without the first call waiting for the others): no shared provider, no
+  // delegation. Every rank holds the same cards, so every rank decides alike.
+  core::CommImpl& ci = comm.impl();
+  const std::vector<std::string>& first = ci.peer_info(0).ccl_providers;
+  for (int r = 0; r < size_; ++r) {
+    const auto& theirs = ci.peer_info(r).ccl_providers;
+    if (theirs.empty() || first.empty() || theirs.front() != first.front())
+      return off("rank " + std::to_string(r) + " has " +
+                 (theirs.empty() ? std::string("no collective provider") : "collective provider " + theirs.front()) +
+                 (first.empty() || r == 0 ? "" : ", rank 0 has " + first.front()));
+  }
   Offer mine;
-  const auto& ccls = ctx_.registry().ccls();
-  core::LoadedProvider* cp = ccls.empty() ? nullptr : ccls.front().get();
+  core::LoadedProvider* cp = ctx_.registry().ccl(first.front());
   if (cp) {
     const void* where = w.recv_bytes ? static_cast<const void*>(w.recv) : w.send;
     auto mem = ctx_.mem_info(where, 1);
@@ -163,7 +179,7 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
   Status s = all_gather(comm, &mine, all.data(), sizeof(Offer), DataType::kUint8, host_only).wait();
   if (!s.ok()) return off("the delegation exchange failed: " + s.message());
   for (int r = 0; r < size_; ++r)
-    if (all[r].ready == kNoProvider) return off("rank " + std::to_string(r) + " has no collective provider loaded");
+    if (all[r].ready == kNoProvider) return off("rank " + std::to_string(r) + " could not make a communicator id");
   for (int r = 0; r < size_; ++r) {
     if (all[r].ready == kYes) continue;
     if (--tries_ == 0) return off("rank " + std::to_string(r) + " kept passing buffers that are not on " + cp->ccl->device_provider);
@@ -180,16 +196,19 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
   dev_ = ctx_.registry().device(cp->ccl->device_provider);
   device_ = mine.device;
   const auto timeout = engine_->default_timeout.count();
+  // The local steps first: after the collective init, every rank must stay on.
   if (!dev_ || (dev_->dev->caps & HMC_DEV_CAP_STREAMS) == 0)
     return off("device provider " + std::string(cp->ccl->device_provider) + " has no streams");
-  if (cp->ccl->comm_init(cp->state, all[0].id, all[0].id_len, size_, rank_, device_, timeout, &comm_) != 0) {
-    comm_ = nullptr;
-    HMC_LOG("coll", warn, "rank {}: {} communicator not made: {}", rank_, cp->name, core::provider_error(*cp));
-    return off(cp->name + " communicator not made");
-  }
   if (dev_->dev->stream_create(dev_->state, device_, &stream_) != 0) {
     stream_ = nullptr;
-    return off("no stream on " + dev_->name + ":" + std::to_string(device_) + ": " + core::provider_error(*dev_));
+    HMC_LOG("coll", warn, "rank {}: no stream on {}:{}: {}; the other ranks fail at their deadline", rank_,
+            dev_->name, device_, core::provider_error(*dev_));
+  }
+  if (!stream_ || cp->ccl->comm_init(cp->state, all[0].id, all[0].id_len, size_, rank_, device_, timeout, &comm_) != 0) {
+    comm_ = nullptr;
+    if (stream_)
+      HMC_LOG("coll", warn, "rank {}: {} communicator not made: {}", rank_, cp->name, core::provider_error(*cp));
+    return off(cp->name + " communicator not made");
   }
   pool_ = comm_state(comm.impl()).scratch;
   state_ = State::kOn;
@@ -411,8 +430,10 @@ std::optional<Request> try_delegate(Communicator& comm, const CclWork& w, const 
   if (link->state() == CclLink::State::kUndecided) link->agree(comm, w);
   switch (link->state()) {
     case CclLink::State::kOn: break;
-    case CclLink::State::kFailed:
-      return failed_request({link->failure().code(), std::string(coll_kind_name(w.kind)) + ": " + link->failure().message()});
+    case CclLink::State::kFailed: {
+      const Status why = link->failure();
+      return failed_request({why.code(), std::string(coll_kind_name(w.kind)) + ": " + why.message()});
+    }
     default: return std::nullopt;
   }
   if (w.op && !link->supports(w.dtype, *w.op)) return std::nullopt;

@@ -13,7 +13,7 @@ const NetCard* Card::net(const std::string& name) const {
 }
 
 PeerInfo Card::peer_info() const {
-  PeerInfo p{rank, host_id, hostname, pid, {}, devices};
+  PeerInfo p{rank, host_id, hostname, pid, {}, devices, ccls};
   for (const auto& n : nets) p.net_providers.push_back(n.name);
   return p;
 }
@@ -25,6 +25,7 @@ std::vector<uint8_t> encode_card(const Card& c) {
     j["devices"].push_back({{"provider", d.id.provider}, {"index", d.id.index}, {"vendor", d.vendor},
                             {"model", d.model}, {"pci", d.pci_bus_id}, {"numa", d.numa_node},
                             {"kind", static_cast<int>(d.mem_kind)}, {"bytes", d.memory_bytes}});
+  j["ccls"] = c.ccls;
   j["nets"] = json::array();
   for (const auto& n : c.nets)
     j["nets"].push_back({{"name", n.name}, {"caps", n.caps}, {"addr", json::binary(n.address)},
@@ -47,6 +48,7 @@ Result<Card> decode_card(const std::vector<uint8_t>& bytes) {
                            d.at("vendor").get<std::string>(), d.at("model").get<std::string>(),
                            d.at("pci").get<std::string>(), d.at("numa").get<int>(),
                            static_cast<MemKind>(d.at("kind").get<int>()), d.at("bytes").get<uint64_t>()});
+    c.ccls = j.value("ccls", std::vector<std::string>{});
     for (const auto& n : j.at("nets"))
       c.nets.push_back({n.at("name").get<std::string>(), n.at("caps").get<uint64_t>(),
                         n.at("addr").get_binary(), n.at("lat").get<double>(), n.at("bw").get<double>()});

@@ -25,6 +25,7 @@ struct Card {
   int pid = 0;
   std::vector<DeviceInfo> devices;
   std::vector<NetCard> nets;
+  std::vector<std::string> ccls;  // available collective providers
 
   const NetCard* net(const std::string& name) const;
   PeerInfo peer_info() const;

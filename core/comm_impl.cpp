@@ -64,6 +64,7 @@ Status CommImpl::setup(const UniqueId& id) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   mine.hostname = host;
+  for (auto& c : ctx_.registry().ccls()) mine.ccls.push_back(c->name);
   for (auto& n : ctx_.registry().nets()) {
     std::vector<uint8_t> addr(HMC_NET_ADDR_MAX);
     std::size_t len = 0;

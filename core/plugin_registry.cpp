@@ -314,6 +314,12 @@ LoadedProvider* PluginRegistry::device(const std::string& name) const {
   return nullptr;
 }
 
+LoadedProvider* PluginRegistry::ccl(const std::string& name) const {
+  for (auto& p : ccls_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
 LoadedProvider* PluginRegistry::net(const std::string& name) const {
   for (auto& p : nets_)
     if (p->name == name) return p.get();

@@ -50,6 +50,7 @@ class PluginRegistry {
   const std::vector<std::unique_ptr<LoadedProvider>>& ccls() const { return ccls_; }
   LoadedProvider* device(const std::string& name) const;
   LoadedProvider* net(const std::string& name) const;
+  LoadedProvider* ccl(const std::string& name) const;
   // Every provider seen, loaded or not, with the reason when not.
   const std::vector<ProviderInfo>& report() const { return report_; }
   // The folders searched, in order (for messages).

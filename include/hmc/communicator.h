@@ -47,6 +47,7 @@ struct PeerInfo {
   int pid = 0;
   std::vector<std::string> net_providers;
   std::vector<DeviceInfo> devices;
+  std::vector<std::string> ccl_providers;  // collective providers loaded and available
 };
 
 class Communicator {
