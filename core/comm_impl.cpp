@@ -60,7 +60,7 @@ Status CommImpl::setup(const UniqueId& id) {
   });
 
   // Listen on every net provider and publish the addresses in this rank's card.
-  Card mine{rank_, ctx_.host_id(), "", getpid(), ctx_.devices(), {}};
+  Card mine{rank_, ctx_.host_id(), "", getpid(), ctx_.devices(), {}, {}};
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   mine.hostname = host;
@@ -246,11 +246,13 @@ void CommImpl::abort() {
     std::lock_guard lock(mu_);
     if (state_.load() == 2) return;
     bool was_active = state_.exchange(2) == 0;
-    fail_all({ErrorCode::kAborted, "communicator was aborted"});
     if (registered_) ctx_.engine()->remove(this);
     registered_ = false;
     if (bootstrap_ && was_active) bootstrap_->abort();
+    // Connections first: a peer still putting into a receive of ours then sees this rank
+    // gone (kPeerLost) rather than a put refused by a region released under it.
     close_connections();
+    fail_all({ErrorCode::kAborted, "communicator was aborted"});
   }
   ctx_.engine()->wake();
 }
