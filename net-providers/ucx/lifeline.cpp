@@ -163,4 +163,10 @@ std::string peer_name(int fd) {
   return format_addr(text, ntohs(in6->sin6_port));
 }
 
+bool ended(int fd) {
+  char byte;
+  ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 }  // namespace hmc_ucx

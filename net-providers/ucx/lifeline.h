@@ -40,5 +40,7 @@ bool parse_addr(const std::string& text, std::string& ip, uint16_t& port);
 std::string format_addr(const std::string& ip, uint16_t port);
 // "ip:port" of the far end of a connected socket.
 std::string peer_name(int fd);
+// Whether the far end closed (or the socket failed): the peer is gone or going.
+bool ended(int fd);
 
 }  // namespace hmc_ucx

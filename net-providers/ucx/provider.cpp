@@ -426,19 +426,29 @@ void Provider::retire(std::unique_ptr<Conn> c) {
 // The endpoint is closed in flush mode: sends under way finish (UCX 1.13's tcp
 // transport crashed now and then when one was cut off by a forced close), then
 // the lifeline closes and the peer sees the end.
+//
+// Where the peer is gone (its lifeline ended; the host may learn that from its
+// control plane before our thread reads the end-of-file) nothing can flush:
+// the close is forced, and the wait for operations on the caller's buffers is
+// short. UCX 1.13 never hands back a rendezvous receive whose sender died
+// mid-transfer, even after a forced close; with the sender's process gone no
+// data can land in the buffer any more, so the operation is left to UCX.
 int Provider::close_conn(void* conn) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
   ucp_ep_h ep = c->ep;
   const int fd = c->fd;
+  const bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
   c->ep = nullptr;  // fail() leaves both to us
   c->fd = -1;
   fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10));
   void* closing = nullptr;
   if (ep != nullptr) {
     ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = gone ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     closing = ucp_ep_close_nbx(ep, &p);
     while (UCS_PTR_IS_PTR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
            Clock::now() < deadline) {
@@ -453,7 +463,9 @@ int Provider::close_conn(void* conn) {
     return false;
   };
   while (uses_caller() && Clock::now() < deadline) drive();
-  if (uses_caller()) host_.log(HMC_LOG_WARN, "close_conn: UCX still holds operations of " + c->peer);
+  if (uses_caller())
+    host_.log(gone ? HMC_LOG_DEBUG : HMC_LOG_WARN, "close_conn: UCX still holds operations of " + c->peer +
+                                                       (gone ? " (the peer is gone)" : ""));
   if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
   if (fd >= 0) close(fd);
   auto it = conns_.find(c->id);
