@@ -1,5 +1,6 @@
 // Memory of the cuda provider: allocation and copies between any two pointers.
 #include <cstring>
+#include <iterator>
 
 #include "cuda_state.h"
 
@@ -64,16 +65,61 @@ int mem_free(void* state, int device, void* ptr) {
                             : fail_cuda(err, "mem_free", a.kind == HMC_ALLOC_PINNED_HOST ? "cudaFreeHost" : "cudaFree");
 }
 
+// Page-locks ordinary host memory so that copies to and from it run at pinned speed
+// (a pageable copy goes through the driver's own bounce buffers at about half of it).
+// Portable: every device of this process sees it registered.
+int host_register(void* state, void* ptr, size_t bytes) {
+  auto* s = static_cast<State*>(state);
+  if (ptr == nullptr || bytes == 0) {
+    return fail(HMC_PROV_ERR_INVALID, "host_register: %s", ptr == nullptr ? "null pointer" : "0 bytes");
+  }
+  const auto key = reinterpret_cast<uintptr_t>(ptr);
+  {
+    std::lock_guard lock(s->mutex);
+    auto next = s->host_registered.lower_bound(key);
+    const bool overlaps_next = next != s->host_registered.end() && next->first < key + bytes;
+    const bool overlaps_prev = next != s->host_registered.begin() && std::prev(next)->first + std::prev(next)->second > key;
+    if (overlaps_next || overlaps_prev) {
+      return fail(HMC_PROV_ERR_INVALID, "host_register: [%p, +%zu) overlaps a range already registered", ptr, bytes);
+    }
+  }
+  const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) return fail_cuda(err, "host_register", "cudaHostRegister");
+  std::lock_guard lock(s->mutex);
+  s->host_registered[key] = bytes;
+  return HMC_PROV_OK;
+}
+
+int host_unregister(void* state, void* ptr) {
+  auto* s = static_cast<State*>(state);
+  {
+    std::lock_guard lock(s->mutex);
+    if (s->host_registered.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      return fail(HMC_PROV_ERR_INVALID, "host_unregister: %p was not registered with host_register", ptr);
+    }
+  }
+  const cudaError_t err = cudaHostUnregister(ptr);
+  return err == cudaSuccess ? HMC_PROV_OK : fail_cuda(err, "host_unregister", "cudaHostUnregister");
+}
+
 void release_all(State* s) {
   std::map<uintptr_t, Allocation> left;
+  std::map<uintptr_t, size_t> registered;
   {
     std::lock_guard lock(s->mutex);
     left.swap(s->allocations);
+    registered.swap(s->host_registered);
   }
   for (const auto& [addr, a] : left) {
     if (free_block(reinterpret_cast<void*>(addr), a) != cudaSuccess) cudaGetLastError();
   }
+  for (const auto& [addr, bytes] : registered) {
+    if (cudaHostUnregister(reinterpret_cast<void*>(addr)) != cudaSuccess) cudaGetLastError();
+  }
   if (!left.empty()) log(s, HMC_LOG_WARN, "fini: freed %zu blocks the host had not freed", left.size());
+  if (!registered.empty()) {
+    log(s, HMC_LOG_WARN, "fini: unregistered %zu host ranges the host had left registered", registered.size());
+  }
 }
 
 // Copies under UVA with cudaMemcpyDefault: the driver finds the direction. The device

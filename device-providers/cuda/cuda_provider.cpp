@@ -442,7 +442,7 @@ constexpr hmc_device_provider_t kProvider = {
     .name = "cuda",
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_DMABUF |
-            HMC_DEV_CAP_PEER_ACCESS | HMC_DEV_CAP_STREAM_FLAGS,
+            HMC_DEV_CAP_PEER_ACCESS | HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -471,6 +471,8 @@ constexpr hmc_device_provider_t kProvider = {
     .flag_alloc = flag_alloc,
     .flag_free = flag_free,
     .stream_wait_flag = stream_wait_flag,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
 };
 
 }  // namespace

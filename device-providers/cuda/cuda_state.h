@@ -73,6 +73,7 @@ struct State {
   std::vector<void*> flag_chunks;               // pinned mapped host pages of flags
   std::vector<volatile uint32_t*> free_flags;
   std::set<uintptr_t> live_flags;
+  std::map<uintptr_t, size_t> host_registered;  // host_register ranges: base -> bytes
 };
 
 // Loads every reduce and divide kernel into the current device's context, once per device.
@@ -136,6 +137,8 @@ void ensure_peer(State* s, int device, int peer);
 int mem_alloc(void* state, int device, size_t bytes, int kind, void** ptr);
 int mem_free(void* state, int device, void* ptr);
 int copy(void* state, void* dst, const void* src, size_t bytes, void* stream);
+int host_register(void* state, void* ptr, size_t bytes);
+int host_unregister(void* state, void* ptr);
 void release_all(State* s);
 
 int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,

@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -554,7 +555,7 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         // Mandatory entries, then every capability bit against the functions it promises.
         CHECK((p->init && p->fini && p->last_error && p->device_count && p->device_info &&
                p->mem_alloc && p->mem_free && p->copy));
-        constexpr uint64_t kKnown = (HMC_DEV_CAP_STREAM_FLAGS << 1) - 1;
+        constexpr uint64_t kKnown = (HMC_DEV_CAP_HOST_REGISTER << 1) - 1;
         CHECK((p->caps & ~kKnown) == 0);
         if (p->caps & HMC_DEV_CAP_STREAMS) {
           CHECK((p->stream_create && p->stream_destroy && p->stream_query && p->event_create &&
@@ -573,6 +574,11 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
           REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, stream_wait_flag) + sizeof(void*));
           CHECK((p->flag_alloc && p->flag_free && p->stream_wait_flag));
           CHECK((p->caps & HMC_DEV_CAP_STREAMS) != 0);
+        }
+        if (p->caps & HMC_DEV_CAP_HOST_REGISTER) {  // appended after the flags
+          INFO("HOST_REGISTER is set, so the table must include host_register/host_unregister");
+          REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, host_unregister) + sizeof(void*));
+          CHECK((p->host_register && p->host_unregister));
         }
         // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
         CHECK((p->num_params == 0 || p->params != nullptr));
@@ -1165,6 +1171,63 @@ TEST_CASE("work queued after stream_wait_flag waits for the flag", "[conformance
     CHECK(s.p->flag_free(s.state, flag) < 0);
     release.f = &not_a_flag;
     CHECK(s.p->stream_destroy(s.state, stream) == 0);
+  });
+}
+
+TEST_CASE("registered host memory copies both ways and unregisters cleanly", "[conformance][host_register]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_HOST_REGISTER)) {
+      WARN(s.p->name << " has no HOST_REGISTER capability: skipped");
+      return;
+    }
+    constexpr size_t n = (4 << 20) + 4096;
+    std::mt19937_64 rng(seed());
+    std::vector<uint8_t> data(n);
+    for (auto& c : data) c = static_cast<uint8_t>(rng());
+    // Pageable memory the way HMC meets it: malloc'd, and a shared mapping (a peer's buffer).
+    void* heap = std::aligned_alloc(4096, n);
+    REQUIRE(heap != nullptr);
+    void* shared = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(shared != MAP_FAILED);
+    std::memcpy(heap, data.data(), n);
+    std::memset(shared, 0xa5, n);
+    int rc = s.p->host_register(s.state, heap, n);
+    INFO("host_register(heap): " << rc << " " << (rc ? s.error() : ""));
+    REQUIRE(rc == 0);
+    rc = s.p->host_register(s.state, shared, n);
+    INFO("host_register(shared): " << rc << " " << (rc ? s.error() : ""));
+    REQUIRE(rc == 0);
+    // Overlaps are refused: the host registers each range once.
+    CHECK(s.p->host_register(s.state, static_cast<char*>(heap) + 4096, 4096) < 0);
+    Buffer mid(s, n);
+    mid.write(heap, n);  // registered -> provider memory
+    REQUIRE(s.p->copy(s.state, shared, mid.ptr, n, nullptr) == 0);  // provider memory -> registered
+    CHECK(first_difference(std::vector<uint8_t>(static_cast<uint8_t*>(shared), static_cast<uint8_t*>(shared) + n), data) == "");
+    if (s.has(HMC_DEV_CAP_STREAMS)) {  // the same on a stream, at an odd offset
+      std::memset(shared, 0x5a, n);
+      void* stream = nullptr;
+      REQUIRE(s.p->stream_create(s.state, 0, &stream) == 0);
+      REQUIRE(s.p->copy(s.state, static_cast<char*>(shared) + 3, mid.ptr, n - 3, stream) == 0);
+      sync_stream(s, stream);
+      std::vector<uint8_t> want(n, 0x5a);
+      std::copy(data.begin(), data.end() - 3, want.begin() + 3);
+      CHECK(first_difference(std::vector<uint8_t>(static_cast<uint8_t*>(shared), static_cast<uint8_t*>(shared) + n), want) == "");
+      CHECK(s.p->stream_destroy(s.state, stream) == 0);
+    }
+    CHECK(s.p->host_unregister(s.state, shared) == 0);
+    CHECK(s.p->host_unregister(s.state, shared) < 0);  // twice
+    CHECK(s.p->host_unregister(s.state, static_cast<char*>(heap) + 4096) < 0);  // not a registered start
+    CHECK(s.p->host_unregister(s.state, heap) == 0);
+    // Unregistered memory still copies, and registers again.
+    std::memset(shared, 0, n);
+    REQUIRE(s.p->copy(s.state, shared, mid.ptr, n, nullptr) == 0);
+    CHECK(std::memcmp(shared, data.data(), n) == 0);
+    CHECK(s.p->host_register(s.state, heap, n) == 0);
+    CHECK(s.p->host_unregister(s.state, heap) == 0);
+    CHECK(s.p->host_register(s.state, nullptr, n) < 0);
+    CHECK(s.p->host_register(s.state, heap, 0) < 0);
+    munmap(shared, n);
+    std::free(heap);
   });
 }
 

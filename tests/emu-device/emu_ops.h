@@ -33,6 +33,12 @@ int stream_wait_flag(void* state, void* stream, volatile uint32_t* flag, uint32_
 // Destroys every stream, event and flag the host left behind; called by fini.
 size_t release_objects(State* s);
 
+// emu_register.cpp
+int host_register(void* state, void* ptr, size_t bytes);
+int host_unregister(void* state, void* ptr);
+// Forgets what the host left registered (logging each); called by fini. Returns how many.
+size_t release_registrations(State* s);
+
 // emu_reduce.cpp
 int reduce(void* state, void* dst, const void* a, const void* b, size_t count, int dtype, int op,
            void* stream);

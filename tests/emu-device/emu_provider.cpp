@@ -4,10 +4,11 @@
 // Hardware: none; any Linux host. HMC_EMU_DEVICES devices (vendor "emu", model "HMC
 // emulated device", HMC_MEM_DEVICE, no PCI id, NUMA -1) of HMC_EMU_MEMORY bytes each.
 // Capabilities: DEVICE_MEM, PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC, PEER_ACCESS,
-// STREAM_FLAGS. What makes it useful: device memory the CPU cannot touch. Device
-// pointers lie in PROT_NONE address space; the bytes live in memfd shadows that only
-// this provider's copy, reduce, divide and IPC reach (emu_memory.cpp), so host code
-// that reads, writes, sends or process_vm_writev's a device pointer faults or fails.
+// STREAM_FLAGS, HOST_REGISTER (checked and logged: emu_register.cpp). What makes it
+// useful: device memory the CPU cannot touch. Device pointers lie in PROT_NONE address
+// space; the bytes live in memfd shadows that only this provider's copy, reduce, divide
+// and IPC reach (emu_memory.cpp), so host code that reads, writes, sends or
+// process_vm_writev's a device pointer faults or fails.
 // Streams are real: a worker thread each, in order, with an optional delay per
 // operation to expose work that runs too early (emu_stream.cpp).
 // Limits:
@@ -39,6 +40,8 @@ constexpr hmc_param_t kParams[] = {
      "device memory per emulated device (address space reserved, pages used only when written)"},
     {"HMC_EMU_STREAM_DELAY_US", "int", "0",
      "microseconds each stream operation waits before it runs, to expose work that runs too early"},
+    {"HMC_EMU_REGISTER_LOG", "string", "",
+     "file that host_register/host_unregister append their events to (tests count them)"},
 };
 
 thread_local char t_last_error[512];
@@ -146,7 +149,11 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
       read_int(*host, "HMC_EMU_STREAM_DELAY_US", 0, 10000000, &delay, reason, reason_len)) {
     s->devices = static_cast<int>(devices);
     s->delay_us = static_cast<uint32_t>(delay);
-    rc = reserve(s, reason, reason_len);
+    char path[512];
+    if (read_param(*host, "HMC_EMU_REGISTER_LOG", path, sizeof(path), reason, reason_len)) {
+      s->register_log = path;
+      rc = reserve(s, reason, reason_len);
+    }
   }
   if (rc != HMC_PROV_OK) {
     delete s;
@@ -162,10 +169,11 @@ void fini(void* state) {
   auto* s = static_cast<State*>(state);
   if (s == nullptr) return;
   const size_t objects = release_objects(s);
+  const size_t registered = release_registrations(s);
   const size_t blocks = release_memory(s);
-  if (objects + blocks > 0) {
-    log(s, HMC_LOG_WARN, "fini: released %zu streams/events/flags and %zu allocations/imports the "
-        "host had not", objects, blocks);
+  if (objects + blocks + registered > 0) {
+    log(s, HMC_LOG_WARN, "fini: released %zu streams/events/flags, %zu allocations/imports and %zu "
+        "host registrations the host had not", objects, blocks, registered);
   }
   munmap(s->range, s->range_len);
   delete s;
@@ -206,7 +214,7 @@ constexpr hmc_device_provider_t kProvider = {
     .name = "emu",
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_PEER_ACCESS |
-            HMC_DEV_CAP_STREAM_FLAGS,
+            HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -235,6 +243,8 @@ constexpr hmc_device_provider_t kProvider = {
     .flag_alloc = flag_alloc,
     .flag_free = flag_free,
     .stream_wait_flag = stream_wait_flag,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
 };
 
 }  // namespace

@@ -58,16 +58,18 @@ struct State {
   int devices = 2;          // HMC_EMU_DEVICES
   uint64_t memory = 0;      // HMC_EMU_MEMORY, per device
   uint32_t delay_us = 0;    // HMC_EMU_STREAM_DELAY_US
+  std::string register_log;  // HMC_EMU_REGISTER_LOG: file that host_register events go to
   hmc::cpu::State cpu;      // handed to the cpu reduce kernels
 
   void* range = nullptr;  // PROT_NONE reservation: devices windows, then the import window
   size_t range_len = 0;
 
-  std::shared_mutex mem_mu;  // guards windows, allocs, imports, pinned
+  std::shared_mutex mem_mu;  // guards windows, allocs, imports, pinned, registered
   std::vector<Window> windows;
   std::map<uintptr_t, Allocation> allocs;     // device and imported ranges, by device base
   std::map<std::string, uintptr_t> imports;   // import key -> device base
   std::map<uintptr_t, size_t> pinned;         // pinned host blocks -> length
+  std::map<uintptr_t, size_t> registered;     // host_register ranges -> length
 
   std::mutex obj_mu;  // guards the handle tables; never held while a worker is joined
   std::map<const void*, std::shared_ptr<Stream>> streams;

@@ -42,6 +42,7 @@ extern "C" {
 #define HMC_DEV_CAP_DMABUF (1ull << 6)      /* dmabuf_export */
 #define HMC_DEV_CAP_PEER_ACCESS (1ull << 7) /* peer_access */
 #define HMC_DEV_CAP_STREAM_FLAGS (1ull << 8) /* flag_alloc/flag_free/stream_wait_flag (appended) */
+#define HMC_DEV_CAP_HOST_REGISTER (1ull << 9) /* host_register/host_unregister (appended) */
 
 /* mem_alloc kinds. */
 #define HMC_ALLOC_DEVICE 0
@@ -118,6 +119,16 @@ typedef struct hmc_device_provider {
   int (*flag_alloc)(void* state, int device, volatile uint32_t** flag);
   int (*flag_free)(void* state, volatile uint32_t* flag);
   int (*stream_wait_flag)(void* state, void* stream, volatile uint32_t* flag, uint32_t value);
+
+  /* Appended: host memory registration (HMC_DEV_CAP_HOST_REGISTER). host_register
+   * makes [ptr, ptr + bytes) of ordinary host memory (malloc'd, or a shared mapping
+   * of another process's buffer) copy at the speed of pinned memory, as
+   * cudaHostRegister does; copy() works on it with or without registration, so a
+   * failure here only costs speed. The host registers a range once, never two
+   * overlapping ranges, and calls host_unregister(ptr) with the same ptr before the
+   * memory is freed or unmapped. */
+  int (*host_register)(void* state, void* ptr, size_t bytes);
+  int (*host_unregister)(void* state, void* ptr);
 } hmc_device_provider_t;
 
 typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
