@@ -212,6 +212,7 @@ Status CommImpl::barrier() {
 }
 
 void CommImpl::fail_all(const Status& why) {
+  dev_.finish_all(why);
   for (auto& p : peers_) {
     for (auto& r : p.posted) r.op->fail(why);
     for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
@@ -263,6 +264,7 @@ Status CommImpl::finalize() {
   // Let in-flight sends drain, then agree that everyone is done before closing anything.
   ctx_.engine()->wait_until([&] {
     std::lock_guard lock(mu_);
+    if (dev_.busy()) return false;
     for (auto& p : peers_)
       if (!p.inflight.empty() || !p.rndv_sends.empty()) return false;
     return true;

@@ -110,6 +110,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put"},
       {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'tree', 'pairwise', or per collective 'all_reduce=ring,all_gather=rd'"},
+      {"HMC_HOST_REGISTER", ParamType::kSize, "1M", "host buffers of HMC's allocations that a device copies this much or more of at once are registered (page-locked) with that device's provider for pinned copy speed; 0 never"},
       {"HMC_COLL_CHUNK", ParamType::kSize, "1M", "collectives cut messages into chunks of this size so transfer and reduction overlap"},
       {"HMC_COLL_MAX_CHUNKS", ParamType::kInt, "64", "larger collectives use chunks of size/HMC_COLL_MAX_CHUNKS instead (fewer handshakes; set alike on every rank)"},
       {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},

@@ -89,6 +89,7 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   ctx->timeout_ = ctx->config_.duration("HMC_TIMEOUT");
   if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
   ctx->engine_->default_timeout = ctx->timeout_;
+  ctx->host_register_min_ = ctx->config_.size("HMC_HOST_REGISTER");
   ctx->host_id_ = ctx->config_.str("HMC_HOST_ID");
   if (ctx->host_id_.empty()) ctx->host_id_ = local_hostname() + "/" + read_boot_id();
   auto reg = PluginRegistry::load(ctx->config_, *ctx->engine_);
@@ -181,6 +182,9 @@ void ContextImpl::free(const DeviceId& device, void* ptr) {
     allocations_.erase(it);
     free_generation_.fetch_add(1, std::memory_order_acq_rel);
   }
+  if (a.pinned_by && a.pinned_by->dev->host_unregister(a.pinned_by->state, ptr) != 0)
+    HMC_LOG("core", warn, "{} could not unregister host memory before its free: {}", a.pinned_by->name,
+            provider_error(*a.pinned_by));
   if (a.net) {
     if (int rc = a.net->net->mem_free(a.net->state, ptr, a.mr); rc != 0)
       HMC_LOG("core", warn, "freeing memory from {} failed (code {})", a.net->name, rc);
@@ -232,9 +236,39 @@ Status ContextImpl::copy(void* dst, const void* src, std::size_t bytes) {
   LoadedProvider* p = pd->name != "cpu" ? pd : ps;
   if (pd->name != "cpu" && ps->name != "cpu" && pd != ps)
     return {ErrorCode::kUnsupported, "copy between devices of two providers (" + pd->name + ", " + ps->name + ") needs host staging"};
+  if (p != ps) pin_for(p, src, bytes);
+  if (p != pd) pin_for(p, dst, bytes);
   if (p->dev->copy(p->state, dst, src, bytes, nullptr) != 0)
     return {ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes by " + p->name + " failed: " + provider_error(*p)};
   return {};
+}
+
+void ContextImpl::pin_for(LoadedProvider* by, const void* ptr, std::size_t bytes) {
+  if (!(by->dev->caps & HMC_DEV_CAP_HOST_REGISTER) || host_register_min_ == 0 || bytes < host_register_min_) return;
+  void* base = nullptr;
+  std::size_t len = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto* found = const_cast<std::pair<const uintptr_t, Allocation>*>(find_allocation(ptr, bytes));
+    if (!found) return;
+    Allocation& a = found->second;
+    if (a.device_mem || a.kind == AllocKind::kPinnedHost || a.pinned_by || a.pin_failed) return;
+    a.pinned_by = by;  // claimed: a second caller leaves it alone
+    base = reinterpret_cast<void*>(found->first);
+    len = a.bytes;
+  }
+  if (by->dev->host_register(by->state, base, len) == 0) {
+    HMC_LOG("core", debug, "{} bytes of host memory at {} registered with {}", len, base, by->name);
+    return;
+  }
+  HMC_LOG("core", debug, "{} did not register {} bytes of host memory ({}); its copies run at pageable speed", by->name,
+          len, provider_error(*by));
+  std::lock_guard lock(mu_);
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
+  if (it != allocations_.end()) {
+    it->second.pinned_by = nullptr;
+    it->second.pin_failed = true;
+  }
 }
 
 Status ContextImpl::reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op) {

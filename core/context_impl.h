@@ -33,6 +33,12 @@ class ContextImpl {
   Result<Memory> alloc(const DeviceId& device, std::size_t bytes, AllocKind kind);
   void free(const DeviceId& device, void* ptr);
   Status copy(void* dst, const void* src, std::size_t bytes);
+  // Registers the host allocation holding [ptr, ptr+bytes) with `by` (HMC_DEV_CAP_HOST_REGISTER)
+  // when `by` copies at least HMC_HOST_REGISTER bytes of it at once: once per allocation,
+  // undone by free(). Memory HMC did not allocate is left alone; a refusal only costs speed.
+  void pin_for(LoadedProvider* by, const void* ptr, std::size_t bytes);
+  // Bytes from which host memory is registered for device copies (0: never).
+  std::size_t host_register_min() const { return host_register_min_; }
   DeviceId device_of(const void* ptr) const;
   // Whether [ptr, ptr+bytes) lies inside one allocation made here.
   bool owns(const void* ptr, std::size_t bytes) const;
@@ -77,6 +83,8 @@ class ContextImpl {
     bool device_mem;
     LoadedProvider* net = nullptr;  // set when a net provider's mem_alloc made it
     void* mr = nullptr;             // that provider's registration of it
+    LoadedProvider* pinned_by = nullptr;  // the device provider it is host_register'ed with
+    bool pin_failed = false;              // host_register refused it: not asked again
   };
   // Host memory from net_alloc_'s mem_alloc, or null (with a logged reason) when it cannot.
   void* net_alloc(std::size_t bytes, void** mr);
@@ -87,6 +95,7 @@ class ContextImpl {
   std::unique_ptr<PluginRegistry> registry_;
   LoadedProvider* net_alloc_ = nullptr;  // the net provider whose mem_alloc serves host memory, or null
   std::chrono::milliseconds timeout_{60000};
+  std::size_t host_register_min_ = 0;
   std::string host_id_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation

@@ -12,7 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,9 +37,11 @@ struct IpcOffer {
 std::vector<uint8_t> encode_offer(const IpcOffer& offer);
 Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len);
 
-// Per communicator: imported peer memory and pinned host staging buffers.
+// Per communicator: imported peer memory, pinned host staging buffers, and IPC copies
+// still running on a device stream. Used under the communicator's lock.
 class DeviceTransfers {
  public:
+  using Done = std::function<void(const Status&)>;
   explicit DeviceTransfers(ContextImpl& ctx) : ctx_(ctx) {}
   ~DeviceTransfers() { close(); }
 
@@ -44,8 +49,18 @@ class DeviceTransfers {
   // (plain host memory, a provider without IPC, cpu memory not allocated shareable).
   std::optional<IpcOffer> offer(const void* ptr, std::size_t bytes);
   // Writes `bytes` from local `src` into the peer memory `offer` names (imported once per
-  // peer and allocation). Fails when this process cannot import it.
-  Status write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes);
+  // peer and allocation). An error return means nothing was started and `done` is never
+  // called (kUnsupported: this process cannot import that memory). Otherwise `done` runs
+  // once the bytes are in place: at once for a synchronous copy, from poll() for one
+  // left running on a device stream (device memory into a peer's host memory, so that
+  // the copy engine works while this thread goes on), or from finish_all().
+  Status write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done);
+  // Completes the stream copies that have finished; true when one did.
+  bool poll();
+  // Whether stream copies are still running.
+  bool busy() const { return !pending_.empty(); }
+  // Waits for every running copy and ends it with `why` (abort, finalize).
+  void finish_all(const Status& why);
 
   // A pinned host buffer of at least `bytes` (from the device's provider where it has
   // pinned memory), reused between messages; give it back with release().
@@ -55,14 +70,34 @@ class DeviceTransfers {
   void close();
 
  private:
-  ContextImpl& ctx_;
   struct Import {
     LoadedProvider* provider;
     void* ptr;
+    uint64_t bytes;
     uint64_t last_use;
+    int copies = 0;                       // stream copies into it still running
+    LoadedProvider* pinned_by = nullptr;  // host_register'ed with this copier
   };
+  // A copy queued on a device stream, ended by its event.
+  struct Pending {
+    LoadedProvider* by;
+    void* event;
+    std::pair<int, uint64_t> import;
+    Done done;
+  };
+  // The key of the import of `offer` from `peer`, importing it first when needed.
+  Result<std::pair<int, uint64_t>> import(int peer, const IpcOffer& offer, LoadedProvider* target);
+  // Registers imported peer host memory with the provider that copies into it.
+  void pin(Import& imp, LoadedProvider* by, std::size_t bytes);
+  void close_import(const std::pair<int, uint64_t>& key, Import& imp);
+  // A stream of `by` on `device` for IPC copies, created once; null when it has none.
+  void* stream(LoadedProvider* by, int device);
+  // Waits (bounded by the context's timeout) for the oldest pending copy; its status.
+  Status wait_one(Pending& p);
+
+  ContextImpl& ctx_;
   // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
-  // comes and goes): beyond this many, the least recently used is closed.
+  // comes and goes): beyond this many, the least recently used idle one is closed.
   static constexpr std::size_t kMaxImports = 64;
   uint64_t uses_ = 0;
   std::map<std::pair<int, uint64_t>, Import> imports_;  // (peer, its alloc_id)
@@ -72,6 +107,9 @@ class DeviceTransfers {
     bool in_use;
   };
   std::vector<Staging> staging_;
+  std::map<std::pair<LoadedProvider*, int>, void*> streams_;  // (provider, device) -> stream
+  std::vector<std::pair<LoadedProvider*, void*>> idle_events_;
+  std::deque<Pending> pending_;  // in the order they were queued
 };
 
 }  // namespace hmc::core

@@ -309,7 +309,23 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
   auto it = p.rndv_sends.find(h.id);
   if (it == p.rndv_sends.end()) return;
   auto offer = decode_offer(payload, len);
-  Status s = offer ? dev_.write(p.rank, offer.value(), it->second.buf, it->second.bytes) : offer.status();
+  SendOp op = it->second;
+  // Ends the send once the bytes are in the peer's memory (now, or when the stream copy ends).
+  auto fin = [this, &p, op, receiver_id = h.aux](const Status& s) {
+    if (!p.lost.ok()) return op.op->fail(p.lost);
+    if (!s.ok()) {
+      if (state_.load() == 0) {
+        std::string text = s.message();
+        post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(s.code()), text.data(), text.size(), nullptr);
+      }
+      return op.op->fail(s);
+    }
+    post_msg(p, MsgType::kFin, 0, receiver_id, op.bytes, 0, nullptr, 0, [op = op.op, bytes = op.bytes](const Status& st) {
+      if (st.ok()) op->complete(bytes);
+      else op->fail(st);
+    });
+  };
+  Status s = offer ? dev_.write(p.rank, offer.value(), op.buf, op.bytes, fin) : offer.status();
   if (s.code() == ErrorCode::kUnsupported) {
     // This process cannot import the peer's memory: ask for a plain CTS and stop offering.
     HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
@@ -317,17 +333,8 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
     std::string text = s.message();
     return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);
   }
-  SendOp op = it->second;
   p.rndv_sends.erase(it);
-  if (!s.ok()) {
-    std::string text = s.message();
-    post_msg(p, MsgType::kCtsRefused, 0, h.aux, 0, static_cast<uint64_t>(s.code()), text.data(), text.size(), nullptr);
-    return op.op->fail(s);
-  }
-  post_msg(p, MsgType::kFin, 0, h.aux, op.bytes, 0, nullptr, 0, [op = op.op, bytes = op.bytes](const Status& st) {
-    if (st.ok()) op->complete(bytes);
-    else op->fail(st);
-  });
+  if (!s.ok()) fin(s);
 }
 
 void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len) {
@@ -456,7 +463,7 @@ bool CommImpl::progress() {
     for (int r : bootstrap_->lost_peers())
       if (r != rank_) mark_lost(peers_[r], {ErrorCode::kPeerLost, describe(peers_[r]) + " left the job (control plane lost it)"});
   }
-  bool any = false;
+  bool any = dev_.poll();
   for (auto& p : peers_)
     if (p.net) any |= progress_peer(p);
   return any;

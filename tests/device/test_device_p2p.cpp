@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include "device_support.h"
@@ -129,4 +132,37 @@ TEST_CASE("one-sided put from device memory and into device memory", "[device][p
     return 0;
   }, kWait);
   REQUIRE(all_ok(exits));
+}
+
+// HMC_HOST_REGISTER: host buffers of HMC's allocations that a device copies >= 1 MiB of at
+// once are registered with the device provider (a CPU rank's own buffer going to a device,
+// a peer's shareable buffer a device writes into), and every registration ends before its
+// memory is freed or unmapped. The emulated provider checks that and logs each event to a file.
+TEST_CASE("host memory registered for device copies is unregistered before it goes", "[device][p2p][register]") {
+  if (device_under_test() != "emu") {
+    WARN("only the emulated provider logs its registrations: skipped for " << device_under_test());
+    return;
+  }
+  const std::string log = "/tmp/hmc-register-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  const std::map<std::string, std::string> settings = {{"HMC_EMU_REGISTER_LOG", log}, {"HMC_HOST_REGISTER", "1M"}};
+  run_exchange(settings, Side::kDevice, Side::kShareableHost);
+  run_exchange(settings, Side::kShareableHost, Side::kDevice);
+  int registered = 0, unregistered = 0;
+  std::vector<std::string> other;
+  std::ifstream in(log);
+  std::string what;
+  std::size_t bytes = 0;
+  while (in >> what >> bytes) {
+    if (what == "register") ++registered;
+    else if (what == "unregister") ++unregistered;
+    else other.push_back(what + " " + std::to_string(bytes));  // unmapped-before-unregister, left-registered
+  }
+  std::remove(log.c_str());
+  INFO("register " << registered << ", unregister " << unregistered);
+  // Two sizes >= 1M (1 MiB, 6 MiB + 5), each sent both ways, in each exchange: the peer's
+  // imported buffer, then the sender's own buffer.
+  CHECK(registered == 8);
+  CHECK(unregistered == registered);
+  CHECK(other.empty());
 }
