@@ -18,6 +18,7 @@ struct OfferHead {
   uint64_t alloc_bytes;
   uint64_t offset;
   char provider[16];
+  char device[32];
 };
 
 // The provider that copies between `a` and `b`: a vendor's own for its memory, cpu for
@@ -30,9 +31,21 @@ LoadedProvider* copier(LoadedProvider* a, LoadedProvider* b) {
 
 }  // namespace
 
+std::string device_key(LoadedProvider& p, int device) {
+  hmc_device_info_t info{};
+  info.struct_size = sizeof(info);
+  if (p.dev->device_info(p.state, device, &info) == 0 && info.pci_bus_id[0] != '\0') {
+    std::string id(info.pci_bus_id, strnlen(info.pci_bus_id, sizeof(info.pci_bus_id)));
+    std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return std::tolower(c); });
+    return id;
+  }
+  return "index:" + std::to_string(device);
+}
+
 std::vector<uint8_t> encode_offer(const IpcOffer& offer) {
   OfferHead h{kOfferMagic, static_cast<uint32_t>(offer.handle.size()), offer.alloc_id, offer.alloc_bytes, offer.offset, {}};
   std::strncpy(h.provider, offer.provider.c_str(), sizeof(h.provider) - 1);
+  std::strncpy(h.device, offer.device.c_str(), sizeof(h.device) - 1);
   std::vector<uint8_t> out(sizeof(h) + offer.handle.size());
   std::memcpy(out.data(), &h, sizeof(h));
   std::memcpy(out.data() + sizeof(h), offer.handle.data(), offer.handle.size());
@@ -44,9 +57,9 @@ Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len) {
   if (len < sizeof(h)) return Status(ErrorCode::kInternal, "short IPC offer");
   std::memcpy(&h, data, sizeof(h));
   if (h.magic != kOfferMagic || h.handle_len != len - sizeof(h) || h.handle_len > HMC_IPC_HANDLE_MAX ||
-      h.provider[sizeof(h.provider) - 1] != 0 || h.offset > h.alloc_bytes)
+      h.provider[sizeof(h.provider) - 1] != 0 || h.device[sizeof(h.device) - 1] != 0 || h.offset > h.alloc_bytes)
     return Status(ErrorCode::kInternal, "garbled IPC offer");
-  return IpcOffer{h.provider, h.alloc_id, h.alloc_bytes, h.offset, std::vector<uint8_t>(data + sizeof(h), data + len)};
+  return IpcOffer{h.provider, h.alloc_id, h.alloc_bytes, h.offset, h.device, std::vector<uint8_t>(data + sizeof(h), data + len)};
 }
 
 std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t bytes) {
@@ -68,7 +81,8 @@ std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t byte
     it = exports_.emplace(m.alloc_id, std::move(handle)).first;
   }
   auto offset = static_cast<uint64_t>(static_cast<const uint8_t*>(ptr) - m.base);
-  return IpcOffer{m.provider->name, m.alloc_id, m.alloc_bytes, offset, it->second};
+  return IpcOffer{m.provider->name, m.alloc_id,   m.alloc_bytes,
+                  offset,           m.device_mem ? device_key(*m.provider, m.device) : std::string(), it->second};
 }
 
 Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffer& offer, LoadedProvider* target) {
@@ -117,6 +131,22 @@ void DeviceTransfers::close_import(const std::pair<int, uint64_t>& key, Import& 
             provider_error(*imp.provider));
 }
 
+DeviceTransfers::DeviceTransfers(ContextImpl& ctx) : ctx_(ctx), async_(ctx.config().flag("HMC_IPC_ASYNC")) {}
+
+int DeviceTransfers::stream_device(const ContextImpl::MemInfo& from, const IpcOffer& offer, LoadedProvider* target,
+                                   LoadedProvider* by) {
+  if (!async_ || !from.device_mem || !(by->dev->caps & HMC_DEV_CAP_STREAMS)) return -1;
+  if (target->name == "cpu") return from.device;  // into a peer's host memory: the source device copies
+  // Between devices, on the destination's (where the synchronous copy runs too): queued on
+  // the source device, a copy into memory imported on another one ran at a tenth of the
+  // speed on 2x H200.
+  int n = 0;
+  if (offer.device.empty() || by->dev->device_count(by->state, &n) != 0) return -1;
+  for (int d = 0; d < n; ++d)
+    if (device_key(*by, d) == offer.device) return d;
+  return -1;
+}
+
 void* DeviceTransfers::stream(LoadedProvider* by, int device) {
   if (!(by->dev->caps & HMC_DEV_CAP_STREAMS)) return nullptr;
   auto [it, added] = streams_.try_emplace({by, device}, nullptr);
@@ -145,22 +175,21 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
   auto failed = [&] {
     return Status{ErrorCode::kInternal, "IPC copy of " + std::to_string(bytes) + " bytes by " + by->name + " failed: " + provider_error(*by)};
   };
-  // Device memory into a peer's host memory runs on a stream of the source device, ended
-  // by an event that poll() watches. A copy between devices stays synchronous: a stream
-  // of the source device writing memory imported into the destination's context ran at a
-  // tenth of the speed of the synchronous copy (2x H200, docs/performance.md).
-  void* st = from.device_mem && target->name == "cpu" ? stream(by, from.device) : nullptr;
+  // From device memory, the copy runs on a stream, ended by an event that poll() watches.
+  const int device = stream_device(from, offer, target, by);
+  void* st = device >= 0 ? stream(by, device) : nullptr;
   if (!st) {
     if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0) return failed();
     done({});
     return {};
   }
   void* event = nullptr;
-  auto idle = std::find_if(idle_events_.begin(), idle_events_.end(), [&](const auto& e) { return e.first == by; });
+  auto idle = std::find_if(idle_events_.begin(), idle_events_.end(),
+                           [&](const IdleEvent& e) { return e.by == by && e.device == device; });
   if (idle != idle_events_.end()) {
-    event = idle->second;
+    event = idle->event;
     idle_events_.erase(idle);
-  } else if (by->dev->event_create(by->state, from.device, &event) != 0) {
+  } else if (by->dev->event_create(by->state, device, &event) != 0) {
     return failed();
   }
   if (by->dev->copy(by->state, dst, src, bytes, st) != 0 || by->dev->event_record(by->state, event, st) != 0) {
@@ -169,7 +198,7 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
     return why;
   }
   ++imp.copies;
-  pending_.push_back({by, event, key.value(), std::move(done)});
+  pending_.push_back({by, device, event, key.value(), std::move(done)});
   return {};
 }
 
@@ -183,7 +212,7 @@ bool DeviceTransfers::poll() {
     }
     Status s = rc == 0 ? Status{} : Status{ErrorCode::kInternal, "IPC copy by " + it->by->name + " failed: " + provider_error(*it->by)};
     if (auto imp = imports_.find(it->import); imp != imports_.end()) --imp->second.copies;
-    idle_events_.emplace_back(it->by, it->event);
+    idle_events_.push_back({it->by, it->device, it->event});
     finished.emplace_back(std::move(it->done), std::move(s));
     it = pending_.erase(it);
   }
@@ -213,7 +242,7 @@ void DeviceTransfers::finish_all(const Status& why) {
       imports_.erase(p.import);
     } else {
       if (auto imp = imports_.find(p.import); imp != imports_.end()) --imp->second.copies;
-      idle_events_.emplace_back(p.by, p.event);
+      idle_events_.push_back({p.by, p.device, p.event});
     }
     p.done(s.ok() ? why : s);
   }
@@ -251,7 +280,7 @@ void DeviceTransfers::close() {
   finish_all({ErrorCode::kAborted, "the communicator closed while the IPC copy ran"});
   for (auto& [key, imp] : imports_) close_import(key, imp);
   imports_.clear();
-  for (auto& [by, event] : idle_events_) by->dev->event_destroy(by->state, event);
+  for (auto& e : idle_events_) e.by->dev->event_destroy(e.by->state, e.event);
   idle_events_.clear();
   for (auto& [where, st] : streams_)
     if (st) where.first->dev->stream_destroy(where.first->state, st);

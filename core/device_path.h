@@ -32,8 +32,12 @@ struct IpcOffer {
   uint64_t alloc_id = 0;        // the exporter's allocation serial: never reused
   uint64_t alloc_bytes = 0;     // size of the exported allocation
   uint64_t offset = 0;          // of the receive buffer inside it
+  std::string device;           // its device as any process of the host names it (device_key), "" for host memory
   std::vector<uint8_t> handle;  // the provider's opaque handle of the allocation
 };
+// A device's name that every process of one host agrees on: its PCI bus id, else (a device
+// without one, like the emulator's) "index:<n>".
+std::string device_key(LoadedProvider& p, int device);
 std::vector<uint8_t> encode_offer(const IpcOffer& offer);
 Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len);
 
@@ -42,7 +46,7 @@ Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len);
 class DeviceTransfers {
  public:
   using Done = std::function<void(const Status&)>;
-  explicit DeviceTransfers(ContextImpl& ctx) : ctx_(ctx) {}
+  explicit DeviceTransfers(ContextImpl& ctx);
   ~DeviceTransfers() { close(); }
 
   // An offer for [ptr, ptr+bytes), or nullopt when that memory cannot be exported
@@ -52,8 +56,9 @@ class DeviceTransfers {
   // peer and allocation). An error return means nothing was started and `done` is never
   // called (kUnsupported: this process cannot import that memory). Otherwise `done` runs
   // once the bytes are in place: at once for a synchronous copy, from poll() for one
-  // left running on a device stream (device memory into a peer's host memory, so that
-  // the copy engine works while this thread goes on), or from finish_all().
+  // left running on a device stream (from device memory, with HMC_IPC_ASYNC, so that the
+  // copy engine works while this thread goes on and queued copies run back to back), or
+  // from finish_all().
   Status write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done);
   // Completes the stream copies that have finished; true when one did.
   bool poll();
@@ -81,6 +86,7 @@ class DeviceTransfers {
   // A copy queued on a device stream, ended by its event.
   struct Pending {
     LoadedProvider* by;
+    int device;
     void* event;
     std::pair<int, uint64_t> import;
     Done done;
@@ -92,10 +98,13 @@ class DeviceTransfers {
   void close_import(const std::pair<int, uint64_t>& key, Import& imp);
   // A stream of `by` on `device` for IPC copies, created once; null when it has none.
   void* stream(LoadedProvider* by, int device);
+  // The device whose stream copies from `from` into `offer`'s memory, or -1: synchronous.
+  int stream_device(const ContextImpl::MemInfo& from, const IpcOffer& offer, LoadedProvider* target, LoadedProvider* by);
   // Waits (bounded by the context's timeout) for the oldest pending copy; its status.
   Status wait_one(Pending& p);
 
   ContextImpl& ctx_;
+  bool async_ = true;  // HMC_IPC_ASYNC
   // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
   // comes and goes): beyond this many, the least recently used idle one is closed.
   static constexpr std::size_t kMaxImports = 64;
@@ -108,7 +117,12 @@ class DeviceTransfers {
   };
   std::vector<Staging> staging_;
   std::map<std::pair<LoadedProvider*, int>, void*> streams_;  // (provider, device) -> stream
-  std::vector<std::pair<LoadedProvider*, void*>> idle_events_;
+  struct IdleEvent {
+    LoadedProvider* by;
+    int device;
+    void* event;
+  };
+  std::vector<IdleEvent> idle_events_;
   std::deque<Pending> pending_;  // in the order they were queued
 };
 
