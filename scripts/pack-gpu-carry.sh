@@ -144,6 +144,6 @@ glibc_compat=$(find "$carry/deps/compat" -type f | newest_glibc)
 exclude="$(git -C "$root" rev-parse --git-path info/exclude 2>/dev/null || true)"
 if [ -n "$exclude" ] && [[ $carry == "$root"/* ]]; then
   rel=/${carry#"$root"/}/
-  (cd "$root" && grep -qxF "$rel" "$exclude" 2>/dev/null) || (cd "$root" && echo "$rel" >>"$exclude")
+  (cd "$root" && mkdir -p "$(dirname "$exclude")" && { grep -qxF "$rel" "$exclude" 2>/dev/null || echo "$rel" >>"$exclude"; })
 fi
 echo "pack: $carry: $(du -sh "$carry" | cut -f1), $(find "$carry/bin" -type f | wc -l) programs, $(find "$carry/deps" -type f | wc -l) libraries; $glibc"
