@@ -21,6 +21,8 @@ struct Event {
   std::atomic<uint64_t> recorded{0};  // generation of the latest event_record
   std::atomic<uint64_t> reached{0};   // highest generation its stream got to
   std::atomic<uint64_t> failed{0};    // highest generation a destroyed stream dropped
+  std::mutex mu;
+  std::string why;  // what failed the stream that dropped it
 };
 
 namespace {
@@ -106,6 +108,7 @@ void Stream::worker() {
   for (;;) {
     Op op;
     bool failed = false;
+    std::string why;  // the stream's error, once failed
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -114,17 +117,23 @@ void Stream::worker() {
       queue_.pop_front();
       busy_ = true;
       failed = error_ != 0;
+      if (failed) why = error_text_;
     }
     if (!failed && s_->delay_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(s_->delay_us));
     }
     if (failed) {
-      if (op.drop) op.drop();
+      if (op.drop) op.drop(why);
     } else if (!wait_ready(op)) {
-      if (op.drop) op.drop();
-      fail_with(HMC_PROV_ERR_CLOSED, "stream destroyed while waiting: its queued work was dropped");
+      why = "stream destroyed while waiting: its queued work was dropped";
+      if (op.drop) op.drop(why);
+      fail_with(HMC_PROV_ERR_CLOSED, why);
       log(s_, HMC_LOG_DEBUG, "stream of device %d destroyed while waiting; dropping its queue",
           device_);
+    } else if (s_->fail_op != 0 && ++s_->stream_ops == s_->fail_op) {
+      why = "injected failure of stream operation " + std::to_string(s_->fail_op) + " (HMC_EMU_FAIL_STREAM_OP)";
+      if (op.drop) op.drop(why);
+      fail_with(HMC_PROV_ERR_INTERNAL, why);
     } else if (const int rc = op.run ? op.run() : HMC_PROV_OK; rc != HMC_PROV_OK) {
       fail_with(rc, last_error_text());
       log(s_, HMC_LOG_WARN, "stream of device %d failed: %s", device_, last_error_text());
@@ -230,7 +239,13 @@ int event_record(void* state, void* event, void* stream) {
   const uint64_t gen = ev->recorded.fetch_add(1) + 1;
   Op op;
   op.run = [ev, gen] { return raise_to(ev->reached, gen), HMC_PROV_OK; };
-  op.drop = [ev, gen] { raise_to(ev->failed, gen); };
+  op.drop = [ev, gen](const std::string& why) {
+    {
+      std::lock_guard lock(ev->mu);
+      ev->why = why;
+    }
+    raise_to(ev->failed, gen);
+  };
   rc = submit(s, "event_record", stream, std::move(op));
   if (rc != HMC_PROV_OK) raise_to(ev->failed, gen);  // never reached: do not leave it pending
   return rc;
@@ -244,8 +259,9 @@ int event_query(void* state, void* event) {
   const uint64_t gen = ev->recorded.load();
   if (ev->reached.load() >= gen) return HMC_PROV_OK;  // also: never recorded
   if (ev->failed.load() >= gen) {
-    return fail(HMC_PROV_ERR_CLOSED, "event_query: the stream it was recorded on was destroyed "
-                                     "or failed before reaching it");
+    std::lock_guard lock(ev->mu);
+    return fail(HMC_PROV_ERR_CLOSED, "event_query: the stream it was recorded on failed before reaching it: %s",
+                ev->why.empty() ? "it was destroyed" : ev->why.c_str());
   }
   return HMC_PROV_IN_PROGRESS;
 }

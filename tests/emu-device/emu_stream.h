@@ -19,7 +19,7 @@ namespace hmc::emu {
 struct Op {
   std::function<bool()> ready;
   std::function<int()> run;
-  std::function<void()> drop;
+  std::function<void(const std::string& why)> drop;
 };
 
 class Stream {
