@@ -48,6 +48,7 @@ Status CommImpl::setup(const UniqueId& id) {
   secret_ = id.secret;
   comm_id_ = derive_comm_id(id);
   eager_limit_ = ctx_.config().size("HMC_EAGER_LIMIT");
+  stage_chunk_ = std::max<std::size_t>(ctx_.config().size("HMC_STAGE_CHUNK"), 4096);
   auto colon = id.root.rfind(':');
   if (colon == std::string::npos) return {ErrorCode::kInvalidArgument, "unique id root '" + id.root + "' is not host:port"};
   int port = std::atoi(id.root.c_str() + colon + 1);

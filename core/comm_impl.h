@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/bootstrap.h"
@@ -77,6 +78,11 @@ class CommImpl : public Progressable {
     bool device = false;       // buf is device memory
     uint8_t* staged = nullptr; // host buffer the data lands in first (device receives)
     bool offered_ipc = false;  // the CTS offered buf as IPC memory
+    bool chunked = false;      // kChunk messages came: staged parts are copied as they land
+    int copies = 0;            // staged parts still being copied to buf
+    bool fin = false;          // kFin came while copies ran: finish when they end
+    uint64_t fin_size = 0;
+    Status error{};            // a part's copy failed
   };
   struct RegCacheEntry {
     LoadedProvider* net;
@@ -146,6 +152,10 @@ class CommImpl : public Progressable {
   void release_recv(Peer& p, RecvOp& r);
   void flush_reg_cache(bool all);
   void on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
+  // A device send staged through pinned host memory, in chunks of stage_chunk_: each chunk's
+  // device-to-host copy runs on a stream while the previous chunk is put.
+  void send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey);
+  void on_chunk(Peer& p, uint64_t id, uint64_t offset, uint64_t len);
   void mark_lost(Peer& p, Status why);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);
@@ -157,6 +167,10 @@ class CommImpl : public Progressable {
   int size_;
   uint64_t comm_id_ = 0;
   std::size_t eager_limit_ = 64 * 1024;
+  std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
+  // Staging buffers of receives that ended while chunk copies still read them: how many
+  // copies each waits for before it is released.
+  std::unordered_map<uint8_t*, int> draining_;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<Peer> peers_;
   std::vector<std::pair<LoadedProvider*, void*>> listeners_;

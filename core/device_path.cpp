@@ -43,7 +43,7 @@ std::string device_key(LoadedProvider& p, int device) {
 }
 
 std::vector<uint8_t> encode_offer(const IpcOffer& offer) {
-  OfferHead h{kOfferMagic, static_cast<uint32_t>(offer.handle.size()), offer.alloc_id, offer.alloc_bytes, offer.offset, {}};
+  OfferHead h{kOfferMagic, static_cast<uint32_t>(offer.handle.size()), offer.alloc_id, offer.alloc_bytes, offer.offset, {}, {}};
   std::strncpy(h.provider, offer.provider.c_str(), sizeof(h.provider) - 1);
   std::strncpy(h.device, offer.device.c_str(), sizeof(h.device) - 1);
   std::vector<uint8_t> out(sizeof(h) + offer.handle.size());
@@ -183,6 +183,29 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
     done({});
     return {};
   }
+  ++imp.copies;
+  Status queued = enqueue(by, device, st, dst, src, bytes, key.value(), std::move(done));
+  if (!queued.ok()) --imp.copies;
+  return queued;
+}
+
+Status DeviceTransfers::copy_async(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
+                                   Done done) {
+  void* st = stream(by, device);
+  if (!st) {
+    if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0)
+      return {ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes by " + by->name + " failed: " + provider_error(*by)};
+    done({});
+    return {};
+  }
+  return enqueue(by, device, st, dst, src, bytes, std::nullopt, std::move(done));
+}
+
+Status DeviceTransfers::enqueue(LoadedProvider* by, int device, void* st, void* dst, const void* src, std::size_t bytes,
+                                std::optional<std::pair<int, uint64_t>> import, Done done) {
+  auto failed = [&] {
+    return Status{ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes on a " + by->name + " stream failed: " + provider_error(*by)};
+  };
   void* event = nullptr;
   auto idle = std::find_if(idle_events_.begin(), idle_events_.end(),
                            [&](const IdleEvent& e) { return e.by == by && e.device == device; });
@@ -197,8 +220,7 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
     by->dev->event_destroy(by->state, event);
     return why;
   }
-  ++imp.copies;
-  pending_.push_back({by, device, event, key.value(), std::move(done)});
+  pending_.push_back({by, device, event, import, std::move(done)});
   return {};
 }
 
@@ -210,8 +232,9 @@ bool DeviceTransfers::poll() {
       ++it;
       continue;
     }
-    Status s = rc == 0 ? Status{} : Status{ErrorCode::kInternal, "IPC copy by " + it->by->name + " failed: " + provider_error(*it->by)};
-    if (auto imp = imports_.find(it->import); imp != imports_.end()) --imp->second.copies;
+    Status s = rc == 0 ? Status{} : Status{ErrorCode::kInternal, "stream copy by " + it->by->name + " failed: " + provider_error(*it->by)};
+    if (it->import)
+      if (auto imp = imports_.find(*it->import); imp != imports_.end()) --imp->second.copies;
     idle_events_.push_back({it->by, it->device, it->event});
     finished.emplace_back(std::move(it->done), std::move(s));
     it = pending_.erase(it);
@@ -225,8 +248,8 @@ Status DeviceTransfers::wait_one(Pending& p) {
   for (;;) {
     const int rc = p.by->dev->event_query(p.by->state, p.event);
     if (rc == 0) return {};
-    if (rc != 1) return {ErrorCode::kInternal, "IPC copy by " + p.by->name + " failed: " + provider_error(*p.by)};
-    if (Clock::now() > until) return {ErrorCode::kTimeout, "an IPC copy by " + p.by->name + " did not finish in time"};
+    if (rc != 1) return {ErrorCode::kInternal, "stream copy by " + p.by->name + " failed: " + provider_error(*p.by)};
+    if (Clock::now() > until) return {ErrorCode::kTimeout, "a stream copy by " + p.by->name + " did not finish in time"};
     std::this_thread::yield();
   }
 }
@@ -239,9 +262,10 @@ void DeviceTransfers::finish_all(const Status& why) {
     if (s.code() == ErrorCode::kTimeout) {
       // The copy may still write into the import: keep both, leak rather than unmap under it.
       HMC_LOG("core", err, "{}; its event and the peer memory it writes stay open", s.message());
-      imports_.erase(p.import);
+      if (p.import) imports_.erase(*p.import);
     } else {
-      if (auto imp = imports_.find(p.import); imp != imports_.end()) --imp->second.copies;
+      if (p.import)
+        if (auto imp = imports_.find(*p.import); imp != imports_.end()) --imp->second.copies;
       idle_events_.push_back({p.by, p.device, p.event});
     }
     p.done(s.ok() ? why : s);

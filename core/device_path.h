@@ -60,6 +60,11 @@ class DeviceTransfers {
   // copy engine works while this thread goes on and queued copies run back to back), or
   // from finish_all().
   Status write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done);
+  // Copies between local memories on a stream of `by`'s `device` and calls `done` once
+  // the bytes are in place (from poll() or finish_all()); synchronously, `done` called
+  // before returning, when `by` has no stream there. An error return: nothing started,
+  // `done` never called. Staged transfers use it so that copies overlap the net.
+  Status copy_async(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes, Done done);
   // Completes the stream copies that have finished; true when one did.
   bool poll();
   // Whether stream copies are still running.
@@ -88,9 +93,12 @@ class DeviceTransfers {
     LoadedProvider* by;
     int device;
     void* event;
-    std::pair<int, uint64_t> import;
+    std::optional<std::pair<int, uint64_t>> import;  // the import it writes into, if any
     Done done;
   };
+  // Queues dst <- src on `st` (of by's `device`) with an event behind it.
+  Status enqueue(LoadedProvider* by, int device, void* st, void* dst, const void* src, std::size_t bytes,
+                 std::optional<std::pair<int, uint64_t>> import, Done done);
   // The key of the import of `offer` from `peer`, importing it first when needed.
   Result<std::pair<int, uint64_t>> import(int peer, const IpcOffer& offer, LoadedProvider* target);
   // Registers imported peer host memory with the provider that copies into it.

@@ -220,7 +220,8 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
 void CommImpl::release_recv(Peer& p, RecvOp& r) {
   if (r.mr) p.net->net->dereg_mem(p.net->state, r.mr);
   r.mr = nullptr;
-  if (r.staged) dev_.release(r.staged);
+  if (r.staged && r.copies > 0) draining_[r.staged] += r.copies;  // chunk copies still read it
+  else if (r.staged) dev_.release(r.staged);
   r.staged = nullptr;
   if (r.cached) {
     RegCacheEntry& e = reg_cache_[r.cached - 1];
@@ -254,39 +255,118 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   if (it == p.rndv_sends.end()) return;
   SendOp s = it->second;
   p.rndv_sends.erase(it);
-  const uint8_t* src = s.buf;
-  if (s.device) {  // device bytes go to pinned host memory first, then over the net
-    auto staged = dev_.stage(ctx_.mem_info(s.buf, s.bytes), s.bytes);
-    Status st = staged ? ctx_.copy(staged.value(), s.buf, s.bytes) : staged.status();
-    if (!st.ok()) {
-      if (staged) dev_.release(staged.value());
-      std::string text = st.message();
-      post_msg(p, MsgType::kCtsRefused, 0, h.aux, 0, static_cast<uint64_t>(st.code()), text.data(), text.size(), nullptr);
-      return s.op->fail(st);
-    }
-    src = staged.value();
-  }
+  if (s.device) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
   // Two parts: the put and the FIN behind it; the send is done when both are.
   auto parts = std::make_shared<int>(2);
-  auto op = s.op;
-  // The staging buffer is free again once both parts ended, whichever way.
-  auto part_done = [this, op, parts, bytes = s.bytes, staged = src != s.buf ? const_cast<uint8_t*>(src) : nullptr](const Status& st) {
+  auto part_done = [op = s.op, parts, bytes = s.bytes](const Status& st) {
     if (!st.ok()) op->fail(st);
-    if (--*parts > 0) return;
-    if (staged) dev_.release(staged);
-    op->complete(bytes);  // a no-op after a failure
+    if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
   };
   void* req = nullptr;
-  int rc = p.net->net->put(p.net->state, p.conn, src, s.bytes, nullptr, rkey, rkey_len, 0, &req);
+  int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
   track(p, rc, req, part_done, "put");
   post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
+}
+
+void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey) {
+  const ContextImpl::MemInfo from = ctx_.mem_info(s.buf, s.bytes);
+  auto staged = dev_.stage(from, s.bytes);
+  if (!staged) {
+    std::string text = staged.status().message();
+    post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(staged.status().code()), text.data(),
+             text.size(), nullptr);
+    return s.op->fail(staged.status());
+  }
+  uint8_t* buf = staged.value();
+  const std::size_t chunk = std::min(stage_chunk_, s.bytes);
+  const std::size_t n = (s.bytes + chunk - 1) / chunk;
+  // Parts: each chunk's put, and the FIN behind the last. The staging buffer is free again
+  // once all of them ended, whichever way.
+  auto parts = std::make_shared<std::size_t>(n + 1);
+  auto part_done = [this, op = s.op, parts, bytes = s.bytes, buf](const Status& st) {
+    if (!st.ok()) op->fail(st);
+    if (--*parts > 0) return;
+    dev_.release(buf);
+    op->complete(bytes);  // a no-op after a failure
+  };
+  auto key = std::make_shared<std::vector<uint8_t>>(std::move(rkey));
+  auto failed = std::make_shared<bool>(false);
+  // Runs when chunk k is in the staging buffer (or could not get there): put it, say so.
+  auto landed = [this, &p, part_done, key, failed, buf, chunk, n, receiver_id, bytes = s.bytes](std::size_t k, Status st) {
+    const std::size_t off = k * chunk, len = std::min(chunk, bytes - off);
+    const bool last = k + 1 == n;
+    if (st.ok() && !p.lost.ok()) st = p.lost;
+    if (st.ok() && *failed) st = {ErrorCode::kAborted, "an earlier chunk of this send failed"};
+    if (!st.ok()) {
+      if (!*failed && p.lost.ok() && state_.load() == 0) {
+        std::string text = st.message();
+        post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(st.code()), text.data(), text.size(), nullptr);
+      }
+      *failed = true;
+      part_done(st);
+      if (last) part_done(st);
+      return;
+    }
+    void* req = nullptr;
+    int rc = p.net->net->put(p.net->state, p.conn, buf + off, len, nullptr, key->data(), key->size(), off, &req);
+    track(p, rc, req, part_done, "put");
+    if (n > 1) post_msg(p, MsgType::kChunk, 0, receiver_id, off, len, nullptr, 0, nullptr);
+    if (last) post_msg(p, MsgType::kFin, 0, receiver_id, bytes, 0, nullptr, 0, part_done);
+  };
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t off = k * chunk, len = std::min(chunk, s.bytes - off);
+    Status q = dev_.copy_async(from.provider, from.device, buf + off, s.buf + off, len,
+                               [landed, k](const Status& st) { landed(k, st); });
+    if (q.ok()) continue;
+    for (; k < n; ++k) landed(k, q);  // this chunk and the ones never queued
+  }
+}
+
+void CommImpl::on_chunk(Peer& p, uint64_t id, uint64_t offset, uint64_t len) {
+  auto it = p.rndv_recvs.find(id);
+  if (it == p.rndv_recvs.end()) return;
+  RecvOp& r = it->second;
+  r.chunked = true;
+  if (!r.staged) return;  // a host receive: the bytes are already where they belong
+  if (offset > r.bytes || len > r.bytes - offset) {
+    if (r.error.ok()) r.error = {ErrorCode::kInternal, "a chunk from " + describe(p) + " lies outside the receive"};
+    return;
+  }
+  const ContextImpl::MemInfo to = ctx_.mem_info(r.buf, r.bytes);
+  ++r.copies;
+  Status q = dev_.copy_async(to.provider, to.device, r.buf + offset, r.staged + offset, len,
+                             [this, &p, id, from = r.staged](const Status& st) {
+    auto it = p.rndv_recvs.find(id);
+    if (it == p.rndv_recvs.end() || it->second.staged != from) {  // the receive ended early
+      auto d = draining_.find(from);
+      if (d != draining_.end() && --d->second == 0) {
+        dev_.release(from);
+        draining_.erase(d);
+      }
+      return;
+    }
+    RecvOp& r = it->second;
+    --r.copies;
+    if (!st.ok() && r.error.ok()) r.error = st;
+    if (r.fin && r.copies == 0) finish_rndv_recv(p, id, r.fin_size);
+  });
+  if (!q.ok()) {
+    --r.copies;
+    if (r.error.ok()) r.error = q;
+  }
 }
 
 void CommImpl::finish_rndv_recv(Peer& p, uint64_t id, uint64_t size) {
   auto it = p.rndv_recvs.find(id);
   if (it == p.rndv_recvs.end()) return;
   RecvOp& r = it->second;
-  Status s = r.staged ? ctx_.copy(r.buf, r.staged, size) : Status{};
+  if (r.copies > 0) {  // staged chunks still on their way to the device
+    r.fin = true;
+    r.fin_size = size;
+    return;
+  }
+  Status s = r.error;
+  if (s.ok() && r.staged && !r.chunked) s = ctx_.copy(r.buf, r.staged, size);
   release_recv(p, r);
   if (s.ok()) r.op->complete(size);
   else r.op->fail(s);
@@ -342,8 +422,14 @@ void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* paylo
   if (it == p.rndv_recvs.end()) return;
   std::string why(payload, payload + len);
   if (h.aux != 0) {  // the sender failed: so does this receive
+    Status failed{static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " could not send: " + why};
+    if (RecvOp& r = it->second; r.copies > 0) {  // fail once the chunks that came are copied
+      if (r.error.ok()) r.error = failed;
+      r.fin = true;
+      return;
+    }
     release_recv(p, it->second);
-    it->second.op->fail({static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " could not send: " + why});
+    it->second.op->fail(failed);
     p.rndv_recvs.erase(it);
     return;
   }
@@ -382,6 +468,7 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kCtsIpc: return on_cts_ipc(p, h, payload, payload_len);
     case MsgType::kCtsRefused: return on_cts_refused(p, h, payload, payload_len);
     case MsgType::kFin: return finish_rndv_recv(p, h.id, h.size);
+    case MsgType::kChunk: return on_chunk(p, h.id, h.size, h.aux);
     case MsgType::kNak: {
       auto it = p.rndv_sends.find(h.id);
       if (it == p.rndv_sends.end()) return;

@@ -19,6 +19,8 @@ enum class MsgType : uint32_t {
   kCtsRefused, // sender cannot use a CTS: id = receiver's op, size = sender's op; aux = 0:
                // send a plain kCts instead, else the ErrorCode that fails the receive;
                // payload = reason text
+  kChunk,      // part of a staged rendezvous landed (sent after its put): id = receiver's op,
+               // size = offset, aux = length; the receiver may move it on before kFin
 };
 // kRts aux bit: the sender's buffer is device memory (the receiver may offer IPC memory).
 inline constexpr uint64_t kRtsFromDevice = 1;

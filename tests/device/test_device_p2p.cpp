@@ -79,6 +79,17 @@ TEST_CASE("device to device staged through host memory (ranks on two 'hosts')", 
   run_exchange({{"HMC_HOST_ID", "host-{rank}"}}, Side::kDevice, Side::kDevice);
 }
 
+TEST_CASE("staged device transfers in chunks, with slow device streams", "[device][p2p][chunks]") {
+  // 64 KiB chunks: 6 MiB + 5 moves in 97 chunks (the last 5 bytes long), each chunk's
+  // device copy overlapping the previous chunk's put; the emulator delays every stream
+  // operation, so a chunk used before its copy ended shows as wrong bytes.
+  std::map<std::string, std::string> settings = {{"HMC_STAGE_CHUNK", "64K"}, {"HMC_HOST_ID", "host-{rank}"}};
+  if (device_under_test() == "emu") settings["HMC_EMU_STREAM_DELAY_US"] = "300";
+  run_exchange(settings, Side::kDevice, Side::kDevice);
+  run_exchange(settings, Side::kDevice, Side::kPlainHost);
+  run_exchange(settings, Side::kPlainHost, Side::kDevice, true);
+}
+
 TEST_CASE("device to and from plain host memory (staged)", "[device][p2p]") {
   run_exchange({}, Side::kDevice, Side::kPlainHost);
   run_exchange({}, Side::kPlainHost, Side::kDevice);
@@ -165,4 +176,47 @@ TEST_CASE("host memory registered for device copies is unregistered before it go
   CHECK(registered == 8);
   CHECK(unregistered == registered);
   CHECK(other.empty());
+}
+
+// A chunk whose device copy fails ends that transfer on both sides with the reason and
+// leaves the communicator working. The emulator fails rank 1's tenth stream operation
+// (HMC_EMU_FAIL_STREAM_OP="{rank}0": rank 0 never), the event behind its fifth chunk, and
+// its streams stay failed after that; slow streams keep rank 0's copies running meanwhile.
+TEST_CASE("a failed chunk copy fails the staged transfer, not the communicator", "[device][p2p][chunks]") {
+  if (device_under_test() != "emu") {
+    WARN("only the emulated provider injects copy failures: skipped for " << device_under_test());
+    return;
+  }
+  const std::map<std::string, std::string> settings = {{"HMC_STAGE_CHUNK", "64K"},
+                                                       {"HMC_HOST_ID", "host-{rank}"},
+                                                       {"HMC_EMU_FAIL_STREAM_OP", "{rank}0"},
+                                                       {"HMC_EMU_STREAM_DELAY_US", "300"}};
+  auto exits = run_ranks(2, settings, [](RankEnv& e) {
+    const std::size_t n = (1 << 20) + 7;  // 17 chunks
+    auto b = buffer(e.ctx, e.rank, Side::kDevice, n);
+    HMC_EXPECT(b.ok(), b.status().to_string());
+    b->host = random_bytes(n, 3);
+    HMC_EXPECT_OK(b->push());
+    const int peer = 1 - e.rank;
+    auto transfer = [&](int sender, int tag) {
+      return e.rank == sender ? e.comm.isend(b->ptr(), n, peer, tag).wait(kWait) : e.comm.irecv(b->ptr(), n, peer, tag).wait(kWait);
+    };
+    // Rank 1 -> rank 0: the sender's fifth chunk never gets off its device.
+    Status s = transfer(1, 1);
+    HMC_EXPECT(!s.ok() && s.code() != ErrorCode::kTimeout, s.to_string());
+    if (e.rank == 0) HMC_EXPECT(s.message().find("rank 1 could not send") != std::string::npos, s.to_string());
+    else HMC_EXPECT(s.message().find("HMC_EMU_FAIL_STREAM_OP") != std::string::npos, s.to_string());
+    // Rank 0 -> rank 1: the receiver's stream stays failed, so its first copy fails; the sender is done.
+    s = transfer(0, 2);
+    if (e.rank == 0) HMC_EXPECT(s.ok(), s.to_string());
+    else HMC_EXPECT(!s.ok() && s.message().find("HMC_EMU_FAIL_STREAM_OP") != std::string::npos, s.to_string());
+    // Host memory still moves both ways.
+    std::vector<uint8_t> out = random_bytes(300000, 10 + e.rank), in(300000, 0);
+    Request r = e.comm.irecv(in.data(), in.size(), peer, 3);
+    HMC_EXPECT_OK(e.comm.send(out.data(), out.size(), peer, 3));
+    HMC_EXPECT_OK(r.wait(kWait));
+    HMC_EXPECT(in == random_bytes(300000, 10 + peer), "host bytes after the failed transfers");
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
 }
