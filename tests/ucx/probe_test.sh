@@ -6,6 +6,8 @@
 #      only (LD_LIBRARY_PATH wins over the build's RUNPATH, and the loader looks
 #      next to libhmc): ucx is not listed, two local ranks still work.
 #   3. UCX_TLS=shm: the path matrix names shm and says ucx came second, with costs.
+#   4. HMC_HOST_ID=h{rank}: each local rank gets its own host id, so shm is ruled out
+#      and the pair goes over a network provider.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -35,4 +37,7 @@ check "plugin missing: ranks still connect over shm" '\bshm\b' "$scratch/missing
 
 UCX_TLS=shm run "$scratch/shm-local" "$probe" --local 2 --timeout 60 -b 1M -n 3
 check "UCX_TLS=shm: shm chosen over ucx, with the costs" ' shm .*lowest modelled cost .* vs ucx [0-9]+ us' "$scratch/shm-local"
+HMC_HOST_ID='h{rank}' run "$scratch/hosts" "$probe" --local 2 --timeout 60 -b 1M -n 3
+check "HMC_HOST_ID=h{rank}: the ranks look like two hosts" '^ +0 +1 +cpu:0 +cpu:0 +(tcp|ucx) ' "$scratch/hosts"
+if grep -Eq '^ +[01] +[01] +cpu:0 +cpu:0 +shm ' "$scratch/hosts"; then echo "FAILED: shm between two host ids"; fail=1; fi
 exit $fail

@@ -29,7 +29,12 @@ std::vector<std::string> rank_env(int rank, int n, const std::string& root) {
   for (char** e = environ; *e; ++e) {
     std::string_view kv = *e;
     if (kv.starts_with("HMC_RANK=") || kv.starts_with("HMC_WORLD_SIZE=") || kv.starts_with("HMC_ROOT=")) continue;
-    env.emplace_back(kv);
+    std::string var(kv);
+    // HMC_HOST_ID=host-{rank} makes each rank look like a host of its own (staged paths, tcp).
+    if (var.starts_with("HMC_"))
+      for (auto at = var.find("{rank}"); at != std::string::npos; at = var.find("{rank}", at))
+        var.replace(at, 6, std::to_string(rank));
+    env.push_back(std::move(var));
   }
   env.push_back("HMC_RANK=" + std::to_string(rank));
   env.push_back("HMC_WORLD_SIZE=" + std::to_string(n));

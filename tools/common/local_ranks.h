@@ -1,6 +1,7 @@
 // --local N for HMC's tools: this process hosts the bootstrap root and runs N copies of
 // itself (with `args`) as ranks, HMC_ROOT=<unique id>, HMC_RANK, HMC_WORLD_SIZE, then reaps
-// them. A failed rank leaves the others 10 s; nothing outlives timeout_s.
+// them; "{rank}" in an HMC_* variable's value becomes each rank's number. A failed rank
+// leaves the others 10 s; nothing outlives timeout_s.
 #pragma once
 
 #include <string>
