@@ -11,7 +11,8 @@
 # <repo>/.carry-gpu) when it is there, else a build (BUILD_DIR, default <repo>/build-gpu)
 # made here with cmake and ninja. Every step has a timeout; the whole run stays within
 # BUDGET seconds (default 480): steps that would start later are listed as not run.
-# CHECKS=0 skips the hmc-bench -c 1 correctness sweeps (step 4).
+# CHECKS=0 skips the hmc-bench -c 1 correctness sweeps (step 4), COMPARE=0 the NCCL and
+# CUDA comparison (step 5), STAGED=0 the staged-transfer probes (step 6).
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -100,7 +101,21 @@ for cfg in "gpu2:cuda:2" "gpu2cpu2:cuda@0,1:4"; do
 done
 
 # 5. HMC against NCCL and the CUDA copies.
-step compare 400 env RUN_TIMEOUT=100 "$root/bench/compare-gpu.sh" --bin "$bin" --out "$out/compare"
+[ "${COMPARE:-1}" = 0 ] && echo "gpu-check: COMPARE=0: the NCCL and CUDA comparison is left out"
+[ "${COMPARE:-1}" = 0 ] || step compare 400 env RUN_TIMEOUT=100 "$root/bench/compare-gpu.sh" --bin "$bin" --out "$out/compare"
+
+# 6. Staged transfers: each rank its own host id, so GPU memory moves through pinned host
+#    memory over a network provider (tcp; ucx, which finds shared memory underneath).
+#    One chunk as large as the message (no overlap) against chunks whose copies overlap.
+for cfg in "tcp:1G" "tcp:4M" "tcp:1M" "ucx:1G" "ucx:4M"; do
+  [ "${STAGED:-1}" = 0 ] && break
+  IFS=: read -r net chunk <<<"$cfg"
+  for dev in cuda cuda@0; do
+    step "staged-$net-$dev-$chunk" 120 env HMC_HOST_ID='h{rank}' HMC_PATH="$net" HMC_STAGE_CHUNK="$chunk" \
+      "$bin/hmc-probe" --local 2 -g "$dev" -b 64M -n 10 --timeout 110 &&
+      grep -E '^ +[01] +[01] ' "$out/staged-$net-$dev-$chunk.log" | sed "s/^/   $net chunk $chunk: /"
+  done
+done
 
 echo
 echo "gpu-check: $((SECONDS - start)) s; tables in $out/compare/compare-gpu.md, logs in $out"
