@@ -110,10 +110,11 @@ done
 for cfg in "tcp:1G" "tcp:4M" "tcp:1M" "ucx:1G" "ucx:4M"; do
   [ "${STAGED:-1}" = 0 ] && break
   IFS=: read -r net chunk <<<"$cfg"
-  for dev in cuda cuda@0; do
-    step "staged-$net-$dev-$chunk" 120 env HMC_HOST_ID='h{rank}' HMC_PATH="$net" HMC_STAGE_CHUNK="$chunk" \
-      "$bin/hmc-probe" --local 2 -g "$dev" -b 64M -n 10 --timeout 110 &&
-      grep -E '^ +[01] +[01] ' "$out/staged-$net-$dev-$chunk.log" | sed "s/^/   $net chunk $chunk: /"
+  for pair in gpu-gpu:cuda gpu-cpu:cuda@0; do
+    name="staged-$net-${pair%%:*}-$chunk"
+    step "$name" 120 env HMC_HOST_ID='h{rank}' HMC_PATH="$net" HMC_STAGE_CHUNK="$chunk" \
+      "$bin/hmc-probe" --local 2 -g "${pair#*:}" -b 64M -n 10 --timeout 110 &&
+      grep -E '^ +[01] +[01] |^References' "$out/$name.log" | sed "s/^/   $net chunk $chunk: /"
   done
 done
 
