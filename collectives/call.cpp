@@ -44,9 +44,11 @@ Request Call::run(const Build& build) {
   if (!status_.ok()) return failed_request(prefixed(status_));
   core::CommImpl& ci = comm_.impl();
   core::ContextImpl& ctx = ci.context();
-  auto algo = choose_algorithm(ctx.config(), kind_, opt_.algorithm, algo_bytes, size_);
+  CommState& state = comm_state(ci);
+  const CollSettings& settings = state.settings;
+  auto algo = choose_algorithm(settings, kind_, opt_.algorithm, algo_bytes, size_);
   if (!algo) return failed_request(prefixed(algo.status()));
-  const bool check = opt_.check.value_or(ctx.config().flag("HMC_COLL_CHECK")) && size_ > 1;
+  const bool check = opt_.check.value_or(settings.check) && size_ > 1;
   if (empty && !check) {
     auto done = std::make_shared<core::Operation>(ctx.engine());
     done->complete(0);
@@ -57,13 +59,13 @@ Request Call::run(const Build& build) {
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
   // job's ranks hold different memory kinds): each chunk costs a handshake, which device
   // copies (hundreds of GB/s) notice most, so large messages get larger chunks.
-  std::size_t chunk_bytes = ctx.config().size("HMC_COLL_CHUNK");
+  std::size_t chunk_bytes = settings.chunk;
   if (chunk_bytes == 0) chunk_bytes = kDefaultChunk;
-  if (int64_t pieces = ctx.config().integer("HMC_COLL_MAX_CHUNKS"); pieces > 0)
+  if (int64_t pieces = settings.max_chunks; pieces > 0)
     chunk_bytes = std::max(chunk_bytes, algo_bytes / static_cast<std::size_t>(pieces));
   const std::size_t esz = dtype_size(dtype);
   Schedule sched;
-  Scratch scratch(ctx, ctx.device_of(where), comm_state(ci).scratch);
+  Scratch scratch(ctx, ctx.device_of(where), state.scratch);
   Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
   if (!empty)
     if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));

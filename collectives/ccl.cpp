@@ -411,16 +411,15 @@ bool ccl_kind(CollKind kind) {
 std::optional<Request> try_delegate(Communicator& comm, const CclWork& w, const CollOptions& opt) {
   core::CommImpl& ci = comm.impl();
   core::ContextImpl& ctx = ci.context();
-  const core::Config& cfg = ctx.config();
-  const std::string mode = cfg.str("HMC_CCL");
+  CommState& st = comm_state(ci);
+  const std::string& mode = st.settings.ccl;
   if (mode == "off") return std::nullopt;
   if (mode != "auto")
     return failed_request({ErrorCode::kInvalidArgument, "malformed HMC_CCL='" + mode + "': expected 'auto' or 'off'"});
   // A named algorithm or an argument check asks for HMC's own schedule.
-  if (!ccl_kind(w.kind) || comm.size() < 2 || !opt.algorithm.empty() || !cfg.str("HMC_ALGO").empty() ||
-      opt.check.value_or(cfg.flag("HMC_COLL_CHECK")))
+  if (!ccl_kind(w.kind) || comm.size() < 2 || !opt.algorithm.empty() || st.settings.algo_set ||
+      opt.check.value_or(st.settings.check))
     return std::nullopt;
-  CommState& st = comm_state(ci);
   std::shared_ptr<CclLink> link;
   {
     std::lock_guard lock(st.mu);

@@ -1,6 +1,6 @@
 // What the collectives layer keeps per communicator, in CommImpl's upper-state slot: the
-// sequence counter that names each collective's tags, the pool of device scratch, and the
-// delegation to a vendor collective library.
+// settings, the sequence counter that names each collective's tags, the pool of device
+// scratch, and the delegation to a vendor collective library.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "collectives/scratch.h"
+#include "collectives/settings.h"
 
 namespace hmc::core {
 class CommImpl;
@@ -18,6 +19,7 @@ namespace hmc::coll {
 class CclLink;  // ccl.cpp
 
 struct CommState {
+  CollSettings settings;  // read when the state is made
   std::mutex mu;
   uint64_t next_seq = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();

@@ -3,6 +3,7 @@
 #include <array>
 #include <vector>
 
+#include "collectives/settings.h"
 #include "core/config.h"
 
 namespace hmc::coll {
@@ -122,8 +123,27 @@ const char* algo_name(Algo a) {
   return i < kAlgoNames.size() ? kAlgoNames[i] : "?";
 }
 
-Result<Algo> choose_algorithm(const core::Config& cfg, CollKind kind, const std::string& requested, std::size_t bytes,
-                              int size) {
+CollSettings CollSettings::read(const core::Config& cfg) {
+  CollSettings s;
+  auto algo = cfg.text("HMC_ALGO");
+  s.algo_set = algo && !algo->empty();
+  for (uint32_t k = 0; k < kNumCollKinds && s.algo_set; ++k) {
+    auto a = from_config(cfg, static_cast<CollKind>(k));
+    if (!a) {
+      s.algo_error = a.status();
+      break;
+    }
+    s.algo[k] = a.value();
+  }
+  s.check = cfg.flag("HMC_COLL_CHECK");
+  s.chunk = cfg.size("HMC_COLL_CHUNK");
+  s.max_chunks = cfg.integer("HMC_COLL_MAX_CHUNKS");
+  s.ccl = cfg.str("HMC_CCL");
+  return s;
+}
+
+Result<Algo> choose_algorithm(const CollSettings& settings, CollKind kind, const std::string& requested,
+                              std::size_t bytes, int size) {
   Algo a = Algo::kAuto;
   if (!requested.empty()) {
     auto parsed = parse_algo(requested);
@@ -132,9 +152,8 @@ Result<Algo> choose_algorithm(const core::Config& cfg, CollKind kind, const std:
                                                      "' (" + allowed_text(kind) + ")");
     a = *parsed;
   } else {
-    auto c = from_config(cfg, kind);
-    if (!c) return c.status();
-    a = c.value();
+    if (!settings.algo_error.ok()) return settings.algo_error;
+    a = settings.algo[static_cast<uint32_t>(kind)];
   }
   if (a == Algo::kAuto) a = by_rule(kind, bytes, size);
   return a;

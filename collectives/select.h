@@ -8,10 +8,6 @@
 
 #include "hmc/status.h"
 
-namespace hmc::core {
-class Config;
-}
-
 namespace hmc::coll {
 
 enum class CollKind : uint32_t {
@@ -32,8 +28,10 @@ enum class Algo : int32_t {
 };
 const char* algo_name(Algo a);
 
+struct CollSettings;  // settings.h
+
 // `bytes`: the message size the rule looks at (see docs/collectives.md).
-Result<Algo> choose_algorithm(const core::Config& cfg, CollKind kind, const std::string& requested,
+Result<Algo> choose_algorithm(const CollSettings& settings, CollKind kind, const std::string& requested,
                               std::size_t bytes, int size);
 
 inline bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }

@@ -6,7 +6,11 @@
 namespace hmc::coll {
 
 CommState& comm_state(core::CommImpl& comm) {
-  auto state = comm.upper_state([] { return std::make_shared<CommState>(); });
+  auto state = comm.upper_state([&comm] {
+    auto st = std::make_shared<CommState>();
+    st->settings = CollSettings::read(comm.context().config());
+    return st;
+  });
   return *static_cast<CommState*>(state.get());  // the communicator keeps it alive
 }
 
