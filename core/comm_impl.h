@@ -152,8 +152,9 @@ class CommImpl : public Progressable {
   void release_recv(Peer& p, RecvOp& r);
   void flush_reg_cache(bool all);
   void on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
-  // A device send staged through pinned host memory, in chunks of stage_chunk_: each chunk's
-  // device-to-host copy runs on a stream while the previous chunk is put.
+  // A send staged on either side moves in chunks of stage_chunk_, each put followed by
+  // kChunk: from a device, each chunk's copy to pinned host memory runs on a stream while
+  // the previous chunk is put; into a device, the receiver copies each chunk as it lands.
   void send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey);
   void on_chunk(Peer& p, uint64_t id, uint64_t offset, uint64_t len);
   void mark_lost(Peer& p, Status why);

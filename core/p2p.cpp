@@ -172,8 +172,10 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
   std::size_t len = rkey.size();
   uint64_t id = r.id;
   auto op = r.op;
+  const bool staged = r.staged != nullptr;
   p.rndv_recvs[id] = std::move(r);
-  post_msg(p, MsgType::kCts, 0, sender_id, size, id, rkey.data(), len, [op](const Status& s) { if (!s.ok()) op->fail(s); });
+  post_msg(p, MsgType::kCts, staged ? kCtsStaged : 0, sender_id, size, id, rkey.data(), len,
+           [op](const Status& s) { if (!s.ok()) op->fail(s); });
 }
 
 // Receive buffers inside HMC allocations keep their registration between messages: a
@@ -255,7 +257,7 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   if (it == p.rndv_sends.end()) return;
   SendOp s = it->second;
   p.rndv_sends.erase(it);
-  if (s.device) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
+  if (s.device || (h.tag & kCtsStaged)) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
   // Two parts: the put and the FIN behind it; the send is done when both are.
   auto parts = std::make_shared<int>(2);
   auto part_done = [op = s.op, parts, bytes = s.bytes](const Status& st) {
@@ -270,29 +272,34 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
 
 void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey) {
   const ContextImpl::MemInfo from = ctx_.mem_info(s.buf, s.bytes);
-  auto staged = dev_.stage(from, s.bytes);
-  if (!staged) {
-    std::string text = staged.status().message();
-    post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(staged.status().code()), text.data(),
-             text.size(), nullptr);
-    return s.op->fail(staged.status());
+  // Device bytes go through pinned host memory; host bytes are put from where they are.
+  uint8_t* staging = nullptr;
+  if (s.device) {
+    auto staged = dev_.stage(from, s.bytes);
+    if (!staged) {
+      std::string text = staged.status().message();
+      post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(staged.status().code()), text.data(),
+               text.size(), nullptr);
+      return s.op->fail(staged.status());
+    }
+    staging = staged.value();
   }
-  uint8_t* buf = staged.value();
+  const uint8_t* src = staging ? staging : s.buf;
   const std::size_t chunk = std::min(stage_chunk_, s.bytes);
   const std::size_t n = (s.bytes + chunk - 1) / chunk;
   // Parts: each chunk's put, and the FIN behind the last. The staging buffer is free again
   // once all of them ended, whichever way.
   auto parts = std::make_shared<std::size_t>(n + 1);
-  auto part_done = [this, op = s.op, parts, bytes = s.bytes, buf](const Status& st) {
+  auto part_done = [this, op = s.op, parts, bytes = s.bytes, staging](const Status& st) {
     if (!st.ok()) op->fail(st);
     if (--*parts > 0) return;
-    dev_.release(buf);
+    if (staging) dev_.release(staging);
     op->complete(bytes);  // a no-op after a failure
   };
   auto key = std::make_shared<std::vector<uint8_t>>(std::move(rkey));
   auto failed = std::make_shared<bool>(false);
-  // Runs when chunk k is in the staging buffer (or could not get there): put it, say so.
-  auto landed = [this, &p, part_done, key, failed, buf, chunk, n, receiver_id, bytes = s.bytes](std::size_t k, Status st) {
+  // Runs when chunk k is ready to go (or could not get there): put it, say so.
+  auto landed = [this, &p, part_done, key, failed, src, chunk, n, receiver_id, bytes = s.bytes](std::size_t k, Status st) {
     const std::size_t off = k * chunk, len = std::min(chunk, bytes - off);
     const bool last = k + 1 == n;
     if (st.ok() && !p.lost.ok()) st = p.lost;
@@ -308,14 +315,18 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
       return;
     }
     void* req = nullptr;
-    int rc = p.net->net->put(p.net->state, p.conn, buf + off, len, nullptr, key->data(), key->size(), off, &req);
+    int rc = p.net->net->put(p.net->state, p.conn, src + off, len, nullptr, key->data(), key->size(), off, &req);
     track(p, rc, req, part_done, "put");
     if (n > 1) post_msg(p, MsgType::kChunk, 0, receiver_id, off, len, nullptr, 0, nullptr);
     if (last) post_msg(p, MsgType::kFin, 0, receiver_id, bytes, 0, nullptr, 0, part_done);
   };
   for (std::size_t k = 0; k < n; ++k) {
+    if (!staging) {
+      landed(k, {});
+      continue;
+    }
     const std::size_t off = k * chunk, len = std::min(chunk, s.bytes - off);
-    Status q = dev_.copy_async(from.provider, from.device, buf + off, s.buf + off, len,
+    Status q = dev_.copy_async(from.provider, from.device, staging + off, s.buf + off, len,
                                [landed, k](const Status& st) { landed(k, st); });
     if (q.ok()) continue;
     for (; k < n; ++k) landed(k, q);  // this chunk and the ones never queued

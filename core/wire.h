@@ -24,6 +24,9 @@ enum class MsgType : uint32_t {
 };
 // kRts aux bit: the sender's buffer is device memory (the receiver may offer IPC memory).
 inline constexpr uint64_t kRtsFromDevice = 1;
+// kCts tag bit: the receiver stages the bytes on their way to device memory, so the sender
+// puts them in chunks, each followed by kChunk, for the receiver's copies to overlap.
+inline constexpr uint64_t kCtsStaged = 1;
 
 struct WireHeader {
   uint32_t magic;
