@@ -16,8 +16,10 @@
 # Every run is repeated REPEAT times, the three programs taking turns, and the table keeps
 # each size's fastest run: on a shared machine that filters out other people's load.
 #
-# Environment: ITERS/WARMUP (small sizes, default 20/5), ITERS_LARGE/WARMUP_LARGE (64 MiB,
-# default 10/3), REPEAT (default 3), RUN_TIMEOUT (default 600).
+# Environment: ITERS_TINY/WARMUP_TINY (8 B to 4 KiB, default 1000/100: a few microseconds
+# a call need many calls to average out), ITERS/WARMUP (32 KiB to 16 MiB, default 20/5),
+# ITERS_LARGE/WARMUP_LARGE (64 MiB, default 10/3), REPEAT (default 3), RUN_TIMEOUT
+# (default 600).
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,11 +38,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 out=${out:-$build/compare-cpu}
+iters_tiny=${ITERS_TINY:-1000} warmup_tiny=${WARMUP_TINY:-100}
 iters=${ITERS:-20} warmup=${WARMUP:-5}
 iters_large=${ITERS_LARGE:-10} warmup_large=${WARMUP_LARGE:-3}
 run_timeout=${RUN_TIMEOUT:-600}
 repeat=${REPEAT:-3}
-small=(-b 8 -e 16M -f 8 -n "$iters" -w "$warmup")
+tiny=(-b 8 -e 4K -f 8 -n "$iters_tiny" -w "$warmup_tiny")
+small=(-b 32K -e 16M -f 8 -n "$iters" -w "$warmup")
 large=(-b 64M -e 64M -f 2 -n "$iters_large" -w "$warmup_large")
 
 mkdir -p "$out/raw" "$build/bench-cpu"
@@ -96,8 +100,9 @@ hmc_dtype() { [ "$1" = all_reduce ] && echo "-d float32 -o sum" || echo "-d uint
 
 measure() {  # tool coll ranks -> appended to $out/raw/tool-coll-ranks.csv
   local tool=$1 coll=$2 n=$3 dest="$out/raw/$1-$2-$3.csv" part
-  for part in small large; do
+  for part in tiny small large; do
     local -a sizes=("${small[@]}")
+    [ "$part" = tiny ] && sizes=("${tiny[@]}")
     [ "$part" = large ] && sizes=("${large[@]}")
     local log="$scratch/$tool-$coll-$n-$part"
     case "$tool" in
@@ -136,7 +141,7 @@ md="$out/compare-cpu.md" csv="$out/compare-cpu.csv"
   echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(uname -sr)"
   echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "Open MPI: $(mpirun --version 2>/dev/null | head -n1 || echo none); Gloo: Debian $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo none)"
-  echo "Iterations: ${iters} (+${warmup} warm-up) up to 16 MiB, ${iters_large} (+${warmup_large}) at 64 MiB; time = max over ranks of the mean per call, fastest of ${repeat} runs."
+  echo "Iterations: ${iters_tiny} (+${warmup_tiny} warm-up) up to 4 KiB, ${iters} (+${warmup}) from 32 KiB to 16 MiB, ${iters_large} (+${warmup_large}) at 64 MiB; time = max over ranks of the mean per call, fastest of ${repeat} runs."
   echo "HMC/OMPI > 1: HMC slower than Open MPI; Gloo/HMC > 1: HMC faster than Gloo. '!' marks a size whose check failed."
 } >"$md"
 echo "collective,ranks,size,hmc_us,ompi_us,gloo_us,hmc_over_ompi,gloo_over_hmc" >"$csv"
