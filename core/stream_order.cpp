@@ -66,10 +66,10 @@ void StreamOrder::finish() {
 StreamRetirement::~StreamRetirement() {
   // The context is going away: give streams a moment to pass their waits, then free.
   auto until = Clock::now() + std::chrono::seconds(5);
-  while (Clock::now() < until) {
+  for (;;) {
     sweep();
     std::lock_guard lock(mu_);
-    if (entries_.empty()) return;
+    if (entries_.empty() || Clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::lock_guard lock(mu_);

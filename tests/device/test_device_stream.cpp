@@ -2,8 +2,13 @@
 // queued on the stream before the call and work queued after it waits for it, while the
 // calling thread returns at once. With the emulated provider's per-operation delay
 // (HMC_EMU_STREAM_DELAY_US) a collective that started early would read the old input.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "device_support.h"
 
@@ -56,12 +61,22 @@ int ordered_all_reduce(RankEnv& e, std::size_t count) {
 }  // namespace
 
 TEST_CASE("stream-ordered all_reduce waits for earlier stream work and holds later work", "[device][stream]") {
+  // The emulator also notes the streams, events and flags still alive at its fini: the
+  // context must have freed every one it made for the ordering.
+  const std::string log = "/tmp/hmc-stream-left-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
   for (std::size_t count : {std::size_t{1000}, std::size_t{1} << 20}) {
-    auto exits = run_ranks(2, {{"HMC_EMU_STREAM_DELAY_US", "100000"}},
+    auto exits = run_ranks(2, {{"HMC_EMU_STREAM_DELAY_US", "100000"}, {"HMC_EMU_REGISTER_LOG", log}},
                            [&](RankEnv& e) { return ordered_all_reduce(e, count); }, kWait);
     INFO(describe(exits));
     REQUIRE(all_ok(exits));
   }
+  std::ifstream in(log);
+  std::string line, left;
+  while (std::getline(in, line))
+    if (line.rfind("left-", 0) == 0) left += line + "; ";
+  std::remove(log.c_str());
+  CHECK(left.empty());
 }
 
 TEST_CASE("a stream on host memory is refused clearly", "[device][stream]") {

@@ -31,7 +31,12 @@ int flag_alloc(void* state, int device, volatile uint32_t** flag);
 int flag_free(void* state, volatile uint32_t* flag);
 int stream_wait_flag(void* state, void* stream, volatile uint32_t* flag, uint32_t value);
 // Destroys every stream, event and flag the host left behind; called by fini.
-size_t release_objects(State* s);
+// Appends "<what> <n>" to HMC_EMU_REGISTER_LOG, when set, for tests to count.
+void note(const State* s, const char* what, size_t n);
+struct Leftovers {
+  size_t streams = 0, events = 0, flags = 0;
+};
+Leftovers release_objects(State* s);
 
 // emu_register.cpp
 int host_register(void* state, void* ptr, size_t bytes);

@@ -44,7 +44,8 @@ constexpr hmc_param_t kParams[] = {
      "the n-th stream operation of this process (counted from 1 over all streams) fails, to test "
      "error paths; 0: none"},
     {"HMC_EMU_REGISTER_LOG", "string", "",
-     "file that host_register/host_unregister append their events to (tests count them)"},
+     "file that host_register/host_unregister append their events to, and fini the streams, "
+     "events and flags the host left (tests count them)"},
 };
 
 thread_local char t_last_error[512];
@@ -173,12 +174,15 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
 void fini(void* state) {
   auto* s = static_cast<State*>(state);
   if (s == nullptr) return;
-  const size_t objects = release_objects(s);
+  const Leftovers objects = release_objects(s);
   const size_t registered = release_registrations(s);
   const size_t blocks = release_memory(s);
-  if (objects + blocks + registered > 0) {
-    log(s, HMC_LOG_WARN, "fini: released %zu streams/events/flags, %zu allocations/imports and %zu "
-        "host registrations the host had not", objects, blocks, registered);
+  if (objects.streams) note(s, "left-streams", objects.streams);
+  if (objects.events) note(s, "left-events", objects.events);
+  if (objects.flags) note(s, "left-flags", objects.flags);
+  if (objects.streams + objects.events + objects.flags + blocks + registered > 0) {
+    log(s, HMC_LOG_WARN, "fini: released %zu streams, %zu events, %zu flags, %zu allocations/imports and %zu "
+        "host registrations the host had not", objects.streams, objects.events, objects.flags, blocks, registered);
   }
   munmap(s->range, s->range_len);
   delete s;

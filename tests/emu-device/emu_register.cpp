@@ -4,7 +4,8 @@
 // memory, not overlap one already registered, and still be mapped when unregistered.
 // With HMC_EMU_REGISTER_LOG set, each event appends a line to that file so that tests
 // across processes can count them: "register N", "unregister N",
-// "unmapped-before-unregister N" and, from fini, "left-registered N" (N in bytes).
+// "unmapped-before-unregister N" and, from fini, "left-registered N" (N in bytes); fini
+// also notes the streams, events and flags the host left ("left-streams N", ...).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,7 +18,6 @@
 #include "emu_ops.h"
 
 namespace hmc::emu {
-namespace {
 
 void note(const State* s, const char* what, size_t bytes) {
   if (s->register_log.empty()) return;
@@ -28,6 +28,8 @@ void note(const State* s, const char* what, size_t bytes) {
   if (::write(fd, line, static_cast<size_t>(n)) != n) log(s, HMC_LOG_WARN, "register log: short write");
   ::close(fd);
 }
+
+namespace {
 
 // Whether every page of [p, p + bytes) is mapped (mincore fails with ENOMEM on a hole).
 bool mapped(const void* p, size_t bytes) {

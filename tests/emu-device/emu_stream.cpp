@@ -329,16 +329,18 @@ int stream_wait_flag(void* state, void* stream, volatile uint32_t* flag, uint32_
   return submit(s, "stream_wait_flag", stream, std::move(op));
 }
 
-size_t release_objects(State* s) {
+Leftovers release_objects(State* s) {
   std::map<const void*, std::shared_ptr<Stream>> streams;
   {
     std::lock_guard lock(s->obj_mu);
     streams.swap(s->streams);
   }
-  size_t n = streams.size();
+  Leftovers n;
+  n.streams = streams.size();
   streams.clear();  // joins the workers
   std::lock_guard lock(s->obj_mu);
-  n += s->events.size() + s->flags.size();
+  n.events = s->events.size();
+  n.flags = s->flags.size();
   s->events.clear();
   s->flags.clear();
   return n;
