@@ -93,7 +93,7 @@ class CommImpl : public Progressable {
     int in_use;
     bool stale;
   };
-  static constexpr std::size_t kRegCacheMax = 64;
+  static constexpr std::size_t kRegCacheMax = 256;
   struct Unexpected {
     MsgType type;
     uint64_t tag;

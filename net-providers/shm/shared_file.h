@@ -38,7 +38,7 @@ bool find_shared_file(const void* ptr, size_t len, hmc_net::RegionFile& out);
 
 class PeerMappings final : public hmc_net::TransportState {
  public:
-  static constexpr size_t kMaxEntries = 16;
+  static constexpr size_t kMaxEntries = 128;
 
   PeerMappings() = default;
   PeerMappings(const PeerMappings&) = delete;
