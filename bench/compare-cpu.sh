@@ -19,7 +19,9 @@
 # Environment: ITERS_TINY/WARMUP_TINY (8 B to 4 KiB, default 1000/100: a few microseconds
 # a call need many calls to average out), ITERS/WARMUP (32 KiB to 16 MiB, default 20/5),
 # ITERS_LARGE/WARMUP_LARGE (64 MiB, default 10/3), REPEAT (default 3), RUN_TIMEOUT
-# (default 600).
+# (default 600). MEMORY=shareable gives hmc-bench buffers from Context::alloc's kShareable
+# (memory the shm provider maps into its peers) instead of its default host memory, which
+# shm reaches with process_vm_writev.
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -109,7 +111,7 @@ measure() {  # tool coll ranks -> appended to $out/raw/tool-coll-ranks.csv
       hmc)
         # shellcheck disable=SC2046
         run_with_deadline "$log" "$build/bin/hmc-bench" "$coll" --local "$n" "${sizes[@]}" $(hmc_dtype "$coll") \
-          -c 1 --csv --timeout "$run_timeout" || { note "hmc $coll $n ranks ($part) failed: $(tail -n 3 "$log.err")"; continue; }
+          -m "${MEMORY:-default}" -c 1 --csv --timeout "$run_timeout" || { note "hmc $coll $n ranks ($part) failed: $(tail -n 3 "$log.err")"; continue; }
         awk -F, 'NR > 1 { print $3 "," $8 "," ($11 == "" ? 0 : $11) }' "$log" >>"$dest" ;;
       ompi)
         run_with_deadline "$log" mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" "$mpi_bin" "$coll" \
@@ -140,6 +142,7 @@ md="$out/compare-cpu.md" csv="$out/compare-cpu.csv"
 {
   echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(uname -sr)"
   echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "HMC buffers: Context::alloc ${MEMORY:-default} (hmc-bench -m)"
   echo "Open MPI: $(mpirun --version 2>/dev/null | head -n1 || echo none); Gloo: Debian $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo none)"
   echo "Iterations: ${iters_tiny} (+${warmup_tiny} warm-up) up to 4 KiB, ${iters} (+${warmup}) from 32 KiB to 16 MiB, ${iters_large} (+${warmup_large}) at 64 MiB; time = max over ranks of the mean per call, fastest of ${repeat} runs."
   echo "HMC/OMPI > 1: HMC slower than Open MPI; Gloo/HMC > 1: HMC faster than Gloo. '!' marks a size whose check failed."
