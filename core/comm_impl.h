@@ -157,6 +157,9 @@ class CommImpl : public Progressable {
   // the previous chunk is put; into a device, the receiver copies each chunk as it lands.
   void send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey);
   void on_chunk(Peer& p, uint64_t id, uint64_t offset, uint64_t len);
+  // Tells the receiver of a rendezvous this side cannot complete why its receive fails
+  // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
+  void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);

@@ -171,41 +171,28 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
   if (!by) return {ErrorCode::kUnsupported, "no provider copies from " + from.provider->name + " into " + offer.provider};
   pin(imp, by, bytes);
   if (by != from.provider) ctx_.pin_for(by, src, bytes);
-  void* dst = static_cast<uint8_t*>(imp.ptr) + offer.offset;
-  auto failed = [&] {
-    return Status{ErrorCode::kInternal, "IPC copy of " + std::to_string(bytes) + " bytes by " + by->name + " failed: " + provider_error(*by)};
-  };
   // From device memory, the copy runs on a stream, ended by an event that poll() watches.
-  const int device = stream_device(from, offer, target, by);
-  void* st = device >= 0 ? stream(by, device) : nullptr;
-  if (!st) {
-    if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0) return failed();
-    done({});
-    return {};
-  }
-  ++imp.copies;
-  Status queued = enqueue(by, device, st, dst, src, bytes, key.value(), std::move(done));
-  if (!queued.ok()) --imp.copies;
-  return queued;
+  return start(by, stream_device(from, offer, target, by), static_cast<uint8_t*>(imp.ptr) + offer.offset, src, bytes,
+               key.value(), std::move(done));
 }
 
 Status DeviceTransfers::copy_async(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
                                    Done done) {
-  void* st = stream(by, device);
+  return start(by, device, dst, src, bytes, std::nullopt, std::move(done));
+}
+
+Status DeviceTransfers::start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
+                              std::optional<std::pair<int, uint64_t>> import, Done done) {
+  auto failed = [&](const char* how) {
+    return Status{ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes" + how + " by " + by->name +
+                                            " failed: " + provider_error(*by)};
+  };
+  void* st = device >= 0 ? stream(by, device) : nullptr;
   if (!st) {
-    if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0)
-      return {ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes by " + by->name + " failed: " + provider_error(*by)};
+    if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0) return failed("");
     done({});
     return {};
   }
-  return enqueue(by, device, st, dst, src, bytes, std::nullopt, std::move(done));
-}
-
-Status DeviceTransfers::enqueue(LoadedProvider* by, int device, void* st, void* dst, const void* src, std::size_t bytes,
-                                std::optional<std::pair<int, uint64_t>> import, Done done) {
-  auto failed = [&] {
-    return Status{ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes on a " + by->name + " stream failed: " + provider_error(*by)};
-  };
   void* event = nullptr;
   auto idle = std::find_if(idle_events_.begin(), idle_events_.end(),
                            [&](const IdleEvent& e) { return e.by == by && e.device == device; });
@@ -213,13 +200,14 @@ Status DeviceTransfers::enqueue(LoadedProvider* by, int device, void* st, void* 
     event = idle->event;
     idle_events_.erase(idle);
   } else if (by->dev->event_create(by->state, device, &event) != 0) {
-    return failed();
+    return failed(" on a stream");
   }
   if (by->dev->copy(by->state, dst, src, bytes, st) != 0 || by->dev->event_record(by->state, event, st) != 0) {
-    Status why = failed();
+    Status why = failed(" on a stream");
     by->dev->event_destroy(by->state, event);
     return why;
   }
+  if (import) ++imports_.at(*import).copies;
   pending_.push_back({by, device, event, import, std::move(done)});
   return {};
 }

@@ -96,9 +96,11 @@ class DeviceTransfers {
     std::optional<std::pair<int, uint64_t>> import;  // the import it writes into, if any
     Done done;
   };
-  // Queues dst <- src on `st` (of by's `device`) with an event behind it.
-  Status enqueue(LoadedProvider* by, int device, void* st, void* dst, const void* src, std::size_t bytes,
-                 std::optional<std::pair<int, uint64_t>> import, Done done);
+  // Copies dst <- src: queued on a stream of by's `device` with an event behind it (counted
+  // in `import`'s copies until poll() sees it end), or synchronously, with `done` called
+  // before returning, when device is -1 or `by` has no stream there.
+  Status start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
+               std::optional<std::pair<int, uint64_t>> import, Done done);
   // The key of the import of `offer` from `peer`, importing it first when needed.
   Result<std::pair<int, uint64_t>> import(int peer, const IpcOffer& offer, LoadedProvider* target);
   // Registers imported peer host memory with the provider that copies into it.

@@ -270,6 +270,12 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
 }
 
+void CommImpl::fail_receiver(Peer& p, uint64_t receiver_id, const Status& why) {
+  if (!p.lost.ok() || state_.load() != 0) return;  // nobody left to tell, or closing anyway
+  std::string text = why.message();
+  post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(why.code()), text.data(), text.size(), nullptr);
+}
+
 void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::vector<uint8_t> rkey) {
   const ContextImpl::MemInfo from = ctx_.mem_info(s.buf, s.bytes);
   // Device bytes go through pinned host memory; host bytes are put from where they are.
@@ -277,9 +283,7 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
   if (s.device) {
     auto staged = dev_.stage(from, s.bytes);
     if (!staged) {
-      std::string text = staged.status().message();
-      post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(staged.status().code()), text.data(),
-               text.size(), nullptr);
+      fail_receiver(p, receiver_id, staged.status());
       return s.op->fail(staged.status());
     }
     staging = staged.value();
@@ -305,10 +309,7 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
     if (st.ok() && !p.lost.ok()) st = p.lost;
     if (st.ok() && *failed) st = {ErrorCode::kAborted, "an earlier chunk of this send failed"};
     if (!st.ok()) {
-      if (!*failed && p.lost.ok() && state_.load() == 0) {
-        std::string text = st.message();
-        post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(st.code()), text.data(), text.size(), nullptr);
-      }
+      if (!*failed) fail_receiver(p, receiver_id, st);
       *failed = true;
       part_done(st);
       if (last) part_done(st);
@@ -405,10 +406,7 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
   auto fin = [this, &p, op, receiver_id = h.aux](const Status& s) {
     if (!p.lost.ok()) return op.op->fail(p.lost);
     if (!s.ok()) {
-      if (state_.load() == 0) {
-        std::string text = s.message();
-        post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(s.code()), text.data(), text.size(), nullptr);
-      }
+      fail_receiver(p, receiver_id, s);
       return op.op->fail(s);
     }
     post_msg(p, MsgType::kFin, 0, receiver_id, op.bytes, 0, nullptr, 0, [op = op.op, bytes = op.bytes](const Status& st) {
