@@ -17,8 +17,10 @@
 # each size's fastest run: on a shared machine that filters out other people's load.
 #
 # Environment: ITERS_TINY/WARMUP_TINY (8 B to 4 KiB, default 1000/100: a few microseconds
-# a call need many calls to average out), ITERS/WARMUP (32 KiB to 16 MiB, default 20/5),
-# ITERS_LARGE/WARMUP_LARGE (64 MiB, default 10/3), REPEAT (default 3), RUN_TIMEOUT
+# a call need many calls to average out), ITERS_MID/WARMUP_MID (32 KiB and 256 KiB, default
+# 500/50: tens of microseconds a call, where 20 calls measured mostly the first ones' cold
+# start), ITERS/WARMUP (2 MiB and 16 MiB, default 20/5), ITERS_LARGE/WARMUP_LARGE (64 MiB,
+# default 10/3), REPEAT (default 3), RUN_TIMEOUT
 # (default 600). MEMORY=shareable gives hmc-bench buffers from Context::alloc's kShareable
 # (memory the shm provider maps into its peers) instead of its default host memory, which
 # shm reaches with process_vm_writev.
@@ -41,12 +43,14 @@ while [ $# -gt 0 ]; do
 done
 out=${out:-$build/compare-cpu}
 iters_tiny=${ITERS_TINY:-1000} warmup_tiny=${WARMUP_TINY:-100}
+iters_mid=${ITERS_MID:-500} warmup_mid=${WARMUP_MID:-50}
 iters=${ITERS:-20} warmup=${WARMUP:-5}
 iters_large=${ITERS_LARGE:-10} warmup_large=${WARMUP_LARGE:-3}
 run_timeout=${RUN_TIMEOUT:-600}
 repeat=${REPEAT:-3}
 tiny=(-b 8 -e 4K -f 8 -n "$iters_tiny" -w "$warmup_tiny")
-small=(-b 32K -e 16M -f 8 -n "$iters" -w "$warmup")
+mid=(-b 32K -e 256K -f 8 -n "$iters_mid" -w "$warmup_mid")
+small=(-b 2M -e 16M -f 8 -n "$iters" -w "$warmup")
 large=(-b 64M -e 64M -f 2 -n "$iters_large" -w "$warmup_large")
 
 mkdir -p "$out/raw" "$build/bench-cpu"
@@ -102,9 +106,10 @@ hmc_dtype() { [ "$1" = all_reduce ] && echo "-d float32 -o sum" || echo "-d uint
 
 measure() {  # tool coll ranks -> appended to $out/raw/tool-coll-ranks.csv
   local tool=$1 coll=$2 n=$3 dest="$out/raw/$1-$2-$3.csv" part
-  for part in tiny small large; do
+  for part in tiny mid small large; do
     local -a sizes=("${small[@]}")
     [ "$part" = tiny ] && sizes=("${tiny[@]}")
+    [ "$part" = mid ] && sizes=("${mid[@]}")
     [ "$part" = large ] && sizes=("${large[@]}")
     local log="$scratch/$tool-$coll-$n-$part"
     case "$tool" in
@@ -144,7 +149,7 @@ md="$out/compare-cpu.md" csv="$out/compare-cpu.csv"
   echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "HMC buffers: Context::alloc ${MEMORY:-default} (hmc-bench -m)"
   echo "Open MPI: $(mpirun --version 2>/dev/null | head -n1 || echo none); Gloo: Debian $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo none)"
-  echo "Iterations: ${iters_tiny} (+${warmup_tiny} warm-up) up to 4 KiB, ${iters} (+${warmup}) from 32 KiB to 16 MiB, ${iters_large} (+${warmup_large}) at 64 MiB; time = max over ranks of the mean per call, fastest of ${repeat} runs."
+  echo "Iterations: ${iters_tiny} (+${warmup_tiny} warm-up) up to 4 KiB, ${iters_mid} (+${warmup_mid}) at 32 and 256 KiB, ${iters} (+${warmup}) at 2 and 16 MiB, ${iters_large} (+${warmup_large}) at 64 MiB; time = max over ranks of the mean per call, fastest of ${repeat} runs."
   echo "HMC/OMPI > 1: HMC slower than Open MPI; Gloo/HMC > 1: HMC faster than Gloo. '!' marks a size whose check failed."
 } >"$md"
 echo "collective,ranks,size,hmc_us,ompi_us,gloo_us,hmc_over_ompi,gloo_over_hmc" >"$csv"
