@@ -50,7 +50,7 @@ Request Call::run(const Build& build) {
   if (!algo) return failed_request(prefixed(algo.status()));
   const bool check = opt_.check.value_or(settings.check) && size_ > 1;
   if (empty && !check) {
-    auto done = std::make_shared<core::Operation>(ctx.engine());
+    auto done = core::Operation::make(ctx.engine());
     done->complete(0);
     return Request(done);
   }

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "collectives/reuse.h"
 #include "collectives/select.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
@@ -29,7 +30,7 @@ CollOp::CollOp(core::CommImpl& comm, uint64_t tag_base, CollSpec spec, Schedule 
       spec_(spec),
       sched_(std::move(sched)),
       scratch_(std::move(scratch)),
-      result_(std::make_shared<core::Operation>(comm.context().engine())) {}
+      result_(core::Operation::make(comm.context().engine())) {}
 
 CollOp::~CollOp() {
   // Receives still posted into scratch may yet be matched: keep their memory alive.
@@ -38,6 +39,8 @@ CollOp::~CollOp() {
       scratch_.leak();
       break;
     }
+  inflight_.clear();  // drop the operations before the storage goes on the shelf
+  give_all(waiting_, child_begin_, children_, fill_, ready_p2p_, ready_local_, inflight_);
 }
 
 void CollOp::add_check(const CheckDesc& mine, const std::vector<uint64_t>& to, const std::vector<uint64_t>& from) {
@@ -64,6 +67,7 @@ void CollOp::add_check(const CheckDesc& mine, const std::vector<uint64_t>& to, c
 
 void CollOp::start() {
   const std::size_t n = sched_.size();
+  take_all(waiting_, child_begin_, children_, fill_, ready_p2p_, ready_local_, inflight_);
   waiting_.assign(n, 0);
   child_begin_.assign(n + 1, 0);
   for (auto [on, id] : sched_.edges()) {
@@ -72,8 +76,8 @@ void CollOp::start() {
   }
   for (std::size_t i = 0; i < n; ++i) child_begin_[i + 1] += child_begin_[i];
   children_.resize(sched_.edges().size());
-  std::vector<uint32_t> fill(child_begin_.begin(), child_begin_.end() - 1);
-  for (auto [on, id] : sched_.edges()) children_[fill[on]++] = id;
+  fill_.assign(child_begin_.begin(), child_begin_.end() - 1);
+  for (auto [on, id] : sched_.edges()) children_[fill_[on]++] = id;
   remaining_ = n;
   for (std::size_t i = 0; i < n; ++i)
     if (waiting_[i] == 0) (is_p2p(sched_.at(i).kind) ? ready_p2p_ : ready_local_).push_back(static_cast<ActionId>(i));

@@ -91,6 +91,7 @@ class CollOp {
   std::vector<int32_t> waiting_;      // unfinished dependencies per action
   std::vector<uint32_t> child_begin_; // CSR of dependents
   std::vector<ActionId> children_;
+  std::vector<uint32_t> fill_;        // start(): next free place per action in children_
   std::vector<ActionId> ready_p2p_, ready_local_;
   std::size_t p2p_head_ = 0, local_head_ = 0;
   std::vector<std::pair<ActionId, std::shared_ptr<core::Operation>>> inflight_;

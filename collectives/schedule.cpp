@@ -1,6 +1,11 @@
 #include "collectives/schedule.h"
 
+#include "collectives/reuse.h"
+
 namespace hmc::coll {
+
+Schedule::Schedule() { take_all(actions_, edges_); }
+Schedule::~Schedule() { give_all(actions_, edges_); }
 
 ActionId Schedule::add(Action a, Deps deps) {
   auto id = static_cast<ActionId>(actions_.size());
@@ -42,6 +47,19 @@ void Schedule::gate_roots(ActionId gate) {
   for (auto [on, id] : edges_) has_dep[id] = true;
   for (ActionId id = 0; id < static_cast<ActionId>(actions_.size()); ++id)
     if (id != gate && !has_dep[id]) edges_.emplace_back(gate, id);
+}
+
+SlotRing::SlotRing(uint8_t* base, std::size_t slot_bytes, std::size_t slots)
+    : base_(base), slot_bytes_(slot_bytes), slots_(slots) {
+  take_all(first_, last_);
+  first_.resize(slots);
+  last_.resize(slots);
+  for (std::size_t i = 0; i < slots; ++i) take_all(first_[i], last_[i]);
+}
+
+SlotRing::~SlotRing() {
+  for (std::size_t i = 0; i < first_.size(); ++i) give_all(first_[i], last_[i]);
+  give_all(first_, last_);
 }
 
 void SlotRing::put(std::vector<ActionId>& v, std::size_t i, ActionId id) {

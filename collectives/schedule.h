@@ -54,6 +54,11 @@ class Deps {
 
 class Schedule {
  public:
+  Schedule();
+  ~Schedule();
+  Schedule(Schedule&&) = default;
+  Schedule& operator=(Schedule&&) = default;
+
   ActionId send(const void* buf, std::size_t bytes, int peer, uint64_t subtag, Deps deps = {});
   ActionId recv(void* buf, std::size_t bytes, int peer, uint64_t subtag, Deps deps = {});
   ActionId reduce(void* dst, const void* a, const void* b, std::size_t count, Deps deps = {});
@@ -81,8 +86,10 @@ class Schedule {
 class SlotRing {
  public:
   SlotRing() = default;
-  SlotRing(uint8_t* base, std::size_t slot_bytes, std::size_t slots)
-      : base_(base), slot_bytes_(slot_bytes), slots_(slots), first_(slots), last_(slots) {}
+  SlotRing(uint8_t* base, std::size_t slot_bytes, std::size_t slots);
+  ~SlotRing();
+  SlotRing(SlotRing&&) = default;
+  SlotRing& operator=(SlotRing&&) = default;
   uint8_t* slot(std::size_t k) const { return base_ + (k % slots_) * slot_bytes_; }
   // `first` is the first action of use k (it must wait for the slot).
   void acquire(Schedule& s, std::size_t k, ActionId first);

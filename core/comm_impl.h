@@ -127,6 +127,7 @@ class CommImpl : public Progressable {
     std::map<uint64_t, RecvOp> rndv_recvs;
     std::deque<uint64_t> notifications;
     std::vector<Inflight> inflight;
+    std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
   };
 

@@ -69,7 +69,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   if (Status s = usable(); !s.ok()) return Operation::failed(s);
   Peer& p = peers_[peer];
   if (!p.lost.ok()) return Operation::failed(p.lost);
-  auto op = std::make_shared<Operation>(ctx_.engine());
+  auto op = Operation::make(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
   // Device bytes that travel inside a message are copied to the host first.
@@ -111,7 +111,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
   std::lock_guard lock(mu_);
   if (Status s = usable(); !s.ok()) return Operation::failed(s);
   Peer& p = peers_[peer];
-  auto op = std::make_shared<Operation>(ctx_.engine());
+  auto op = Operation::make(ctx_.engine());
   RecvOp r{op, static_cast<uint8_t*>(buf), bytes, tag, next_id_++};
   r.device = bytes && ctx_.mem_info(buf, bytes).device_mem;
   for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
@@ -516,8 +516,9 @@ bool CommImpl::progress_peer(Peer& p) {
   bool any = false;
   char message[256];
   if (!p.inflight.empty()) {
-    auto current = std::move(p.inflight);
-    p.inflight.clear();
+    auto& current = p.inflight_scan;  // swapped in, so neither vector gives up its storage
+    current.clear();
+    std::swap(current, p.inflight);
     for (auto& f : current) {
       int done = 0;
       std::size_t bytes = 0;
@@ -529,6 +530,7 @@ bool CommImpl::progress_peer(Peer& p) {
       f.done(s);
       if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
     }
+    current.clear();
   }
   while (!p.ctrl.empty()) {
     CtrlSlot& slot = p.ctrl[p.next_ctrl];
@@ -595,7 +597,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     return Operation::failed({ErrorCode::kOutOfBounds, "put of " + std::to_string(bytes) + " bytes at offset " +
                                                            std::to_string(offset) + " overruns the peer's region of " +
                                                            std::to_string(k->region_bytes) + " bytes"});
-  auto op = std::make_shared<Operation>(ctx_.engine());
+  auto op = Operation::make(ctx_.engine());
   if (!p.net) {  // self: the key's "self" entry is {pid, address}
     const auto* self = k->find("self");
     int64_t pid = 0;

@@ -1,10 +1,61 @@
 #include "core/progress.h"
 
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 namespace hmc::core {
 namespace {
+
+// An allocator that keeps up to kKeep freed single objects per thread and hands them
+// out again. Blocks move between threads freely (an operation made on the caller's
+// thread may die on another); all come from and return to the global operator new.
+// After a thread's cache is gone (thread exit), that thread uses the heap directly.
+template <class T>
+class Recycling {
+ public:
+  using value_type = T;
+  Recycling() = default;
+  template <class U>
+  Recycling(const Recycling<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(std::size_t n) {
+    Cache* c = cache();
+    if (n == 1 && c && c->n > 0) return static_cast<T*>(c->blocks[--c->n]);
+    return std::allocator<T>{}.allocate(n);
+  }
+  void deallocate(T* p, std::size_t n) {
+    Cache* c = cache();
+    if (n == 1 && c && c->n < kKeep) {
+      c->blocks[c->n++] = p;
+      return;
+    }
+    std::allocator<T>{}.deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const Recycling<U>&) const { return true; }
+
+ private:
+  static constexpr int kKeep = 64;
+  struct Cache {
+    void* blocks[kKeep];
+    int n = 0;
+    ~Cache() {
+      for (int i = 0; i < n; ++i) std::allocator<T>{}.deallocate(static_cast<T*>(blocks[i]), 1);
+      n = 0;
+      gone() = true;
+    }
+  };
+  static bool& gone() {
+    thread_local bool g = false;  // trivially destructible: readable after Cache died
+    return g;
+  }
+  static Cache* cache() {
+    if (gone()) return nullptr;
+    thread_local Cache c;
+    return &c;
+  }
+};
+
 // The first sleep after polls close together (progress.h); longer than the gap
 // net-providers/common/msg_ring.h takes for a reader that stopped polling.
 constexpr std::chrono::microseconds kQuietTime{200};
@@ -130,8 +181,12 @@ void ProgressEngine::background_loop() {
   }
 }
 
+std::shared_ptr<Operation> Operation::make(std::shared_ptr<ProgressEngine> engine) {
+  return std::allocate_shared<Operation>(Recycling<Operation>{}, std::move(engine));
+}
+
 std::shared_ptr<Operation> Operation::failed(Status s) {
-  auto op = std::make_shared<Operation>(nullptr);
+  auto op = make(nullptr);
   op->fail(std::move(s));
   return op;
 }

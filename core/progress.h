@@ -78,6 +78,9 @@ class Operation {
  public:
   explicit Operation(std::shared_ptr<ProgressEngine> engine) : engine_(std::move(engine)) {}
   static std::shared_ptr<Operation> failed(Status s);
+  // A new pending operation. Its memory comes from a small per-thread cache of freed
+  // operations (progress.cpp): every send, receive and collective makes one.
+  static std::shared_ptr<Operation> make(std::shared_ptr<ProgressEngine> engine);
 
   bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
   // Completion and failure are idempotent: the first one wins.

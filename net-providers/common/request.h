@@ -4,14 +4,17 @@
 // The io thread writes `bytes`/`message` before publishing the state with a
 // release store; `test` reads the state with acquire, so whatever it reports is
 // complete. A request belongs to the table from creation until `test` reports it
-// done or failed (then it is freed) or until the provider is finalized.
+// done or failed (then it is released) or until the provider is finalized.
+// Released requests are kept and handed out again, so a message costs no heap
+// allocation once the table has as many as are in flight at once; the table owns
+// every request it ever made and frees them when it goes.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <vector>
 
 #include "hmc/provider/common.h"
 
@@ -21,6 +24,7 @@ struct Request {
   std::atomic<int> state{HMC_PROV_IN_PROGRESS};  // 1 pending, 0 done, negative failed
   size_t bytes = 0;
   std::string message;
+  bool live = false;  // handed out and not yet released (RequestTable::mu_)
 
   void complete(size_t n) {
     bytes = n;
@@ -46,8 +50,13 @@ class RequestTable {
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
 
  private:
+  // Owned request of this handle (live or released), or null.
+  Request* find_locked(void* handle) const;
+  void release_locked(Request* req);
+
   std::mutex mu_;
-  std::unordered_set<Request*> live_;
+  std::vector<Request*> owned_;  // every request made, sorted by address
+  std::vector<Request*> free_;   // released, to hand out again
 };
 
 }  // namespace hmc_net
