@@ -185,6 +185,15 @@ class CommImpl : public Progressable {
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
   uint64_t next_id_ = 1;
   bool registered_ = false;
+  // Wire buffers of post_msg: one stays with its send until the provider completed it
+  // (the in-flight callback holds a reference), then the next message takes it again
+  // instead of allocating and faulting in fresh memory (up to kMsgBufsKept; mu_).
+  struct MsgBuf {
+    std::unique_ptr<uint8_t[]> bytes;
+    std::size_t cap = 0;
+  };
+  std::shared_ptr<MsgBuf> take_msg_buf(std::size_t len);
+  std::vector<std::shared_ptr<MsgBuf>> msg_bufs_;
   std::vector<RegCacheEntry> reg_cache_;
   uint64_t reg_cache_gen_ = 0;
   DeviceTransfers dev_{ctx_};

@@ -44,15 +44,27 @@ void CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status
   p.inflight.push_back({req, std::move(done)});
 }
 
+std::shared_ptr<CommImpl::MsgBuf> CommImpl::take_msg_buf(std::size_t len) {
+  constexpr std::size_t kMsgBufsKept = 32;
+  for (auto& b : msg_bufs_)
+    if (b.use_count() == 1 && b->cap >= len) return b;
+  auto fresh = std::make_shared<MsgBuf>();
+  fresh->cap = std::max(len, sizeof(WireHeader) + eager_limit_);
+  fresh->bytes.reset(new uint8_t[fresh->cap]);  // not zeroed: every message writes what it sends
+  if (msg_bufs_.size() < kMsgBufsKept) msg_bufs_.push_back(fresh);
+  return fresh;
+}
+
 void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
                         const void* payload, std::size_t payload_len, std::function<void(const Status&)> done) {
-  auto msg = std::make_shared<std::vector<uint8_t>>(sizeof(WireHeader) + payload_len);
+  const std::size_t len = sizeof(WireHeader) + payload_len;
+  auto msg = take_msg_buf(len);
   WireHeader h{kWireMagic, static_cast<uint32_t>(type), tag, id, size, aux};
-  std::memcpy(msg->data(), &h, sizeof(h));
-  if (payload_len) std::memcpy(msg->data() + sizeof(h), payload, payload_len);
+  std::memcpy(msg->bytes.get(), &h, sizeof(h));
+  if (payload_len) std::memcpy(msg->bytes.get() + sizeof(h), payload, payload_len);
   void* req = nullptr;
-  int rc = p.net->net->send_msg(p.net->state, p.conn, msg->data(), msg->size(), &req);
-  track(p, rc, req, [msg, done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
+  int rc = p.net->net->send_msg(p.net->state, p.conn, msg->bytes.get(), len, &req);
+  track(p, rc, req, [msg = std::move(msg), done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
 }
 
 void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
