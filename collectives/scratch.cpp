@@ -39,9 +39,38 @@ void ScratchPool::give(Memory block) {
   free_.push_back(std::move(block));
 }
 
+uint8_t* ScratchPool::take_host(std::size_t bytes, std::size_t& size) {
+  std::lock_guard lock(mu_);
+  auto best = host_.end();
+  for (auto it = host_.begin(); it != host_.end(); ++it)
+    if (it->second >= bytes && (best == host_.end() || it->second < best->second)) best = it;
+  if (best == host_.end()) return nullptr;
+  uint8_t* block = best->first;
+  size = best->second;
+  host_.erase(best);
+  return block;
+}
+
+void ScratchPool::give_host(uint8_t* block, std::size_t size) {
+  {
+    std::lock_guard lock(mu_);
+    if (host_.size() < kHostKept) {
+      host_.emplace_back(block, size);
+      return;
+    }
+  }
+  Scratch::HeapFree{}(block);
+}
+
+ScratchPool::~ScratchPool() {
+  for (auto& [block, size] : host_) Scratch::HeapFree{}(block);
+}
+
 Scratch::~Scratch() {
   if (!pool_) return;
   for (auto& m : device_mem_) pool_->give(std::move(m));
+  for (auto& [block, size] : heap_)
+    if (size >= ScratchPool::kHostKeepMin) pool_->give_host(block.release(), size);
 }
 
 Result<uint8_t*> Scratch::get(std::size_t bytes) {
@@ -51,9 +80,15 @@ Result<uint8_t*> Scratch::get(std::size_t bytes) {
     // block afresh (and unmaps it on free), so each collective would fault its scratch in
     // again, while the heap hands back pages already touched. Plain host memory is device
     // cpu:0 to core (ContextImpl::provider_of), so reduce and copy treat it the same.
-    auto* p = static_cast<uint8_t*>(::operator new(bytes, kAlign, std::nothrow));
+    std::size_t size = bytes;
+    uint8_t* p = nullptr;
+    if (bytes >= ScratchPool::kHostKeepMin) {
+      size = std::bit_ceil(bytes);
+      if (pool_) p = pool_->take_host(bytes, size);
+    }
+    if (!p) p = static_cast<uint8_t*>(::operator new(size, kAlign, std::nothrow));
     if (!p) return Status(ErrorCode::kNoMemory, "collective scratch of " + std::to_string(bytes) + " bytes");
-    heap_.emplace_back(p);
+    heap_.emplace_back(p, size);
     return p;
   }
   auto mem = pool_ ? pool_->take(ctx_, device_, bytes) : ctx_.alloc(device_, bytes, AllocKind::kDefault);
@@ -64,7 +99,7 @@ Result<uint8_t*> Scratch::get(std::size_t bytes) {
 }
 
 void Scratch::leak() {
-  for (auto& h : heap_) (void)h.release();
+  for (auto& h : heap_) (void)h.first.release();
   heap_.clear();
   // Never destroyed: Memory's destructor would free. The provider releases it at fini.
   static auto* graveyard = new std::vector<Memory>();

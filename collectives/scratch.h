@@ -22,19 +22,34 @@ namespace hmc::coll {
 // the whole device on CUDA (cudaFree), which stalls behind any stream that waits for an
 // HMC flag (a stream-ordered collective) and so could deadlock; allocating also costs more
 // than a small collective. Blocks come in powers of two and are freed with the pool.
+//
+// Large host blocks are kept too: glibc serves 32 MiB and more straight from mmap and
+// unmaps it on free, so an in-place all_to_all of 64 MiB faulted its 32 MiB of scratch in
+// afresh on every call (perf: a sixth of the time in page faults). Blocks of kHostKeepMin
+// or more are heap memory in powers of two; at most kHostKept of them stay.
 class ScratchPool {
  public:
+  static constexpr std::size_t kHostKeepMin = std::size_t{1} << 20;
+  static constexpr std::size_t kHostKept = 4;
+
   Result<Memory> take(core::ContextImpl& ctx, const DeviceId& device, std::size_t bytes);
   void give(Memory block);
+  // A kept host block of at least `bytes` (its size in `size`), or null.
+  uint8_t* take_host(std::size_t bytes, std::size_t& size);
+  // Keeps a host block for later, or frees it when kHostKept are kept already.
+  void give_host(uint8_t* block, std::size_t size);
+  ~ScratchPool();
 
  private:
   std::mutex mu_;
   std::vector<Memory> free_;
+  std::vector<std::pair<uint8_t*, std::size_t>> host_;
 };
 
 class Scratch {
  public:
-  // `pool` serves device scratch (may be null: then every block is allocated and freed).
+  // `pool` serves device scratch and large host blocks (may be null: then every block is
+  // allocated and freed).
   Scratch(core::ContextImpl& ctx, DeviceId device, std::shared_ptr<ScratchPool> pool = nullptr)
       : ctx_(ctx), device_(std::move(device)), pool_(std::move(pool)) {}
   Scratch(Scratch&&) = default;
@@ -46,14 +61,16 @@ class Scratch {
   // into it, and a late message must not land in freed memory.
   void leak();
 
- private:
+  // Frees a host block (aligned operator new).
   struct HeapFree {
     void operator()(uint8_t* p) const;
   };
+
+ private:
   core::ContextImpl& ctx_;
   DeviceId device_;
   std::shared_ptr<ScratchPool> pool_;
-  std::vector<std::unique_ptr<uint8_t, HeapFree>> heap_;
+  std::vector<std::pair<std::unique_ptr<uint8_t, HeapFree>, std::size_t>> heap_;  // block, size
   std::vector<Memory> device_mem_;
 };
 

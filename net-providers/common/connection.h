@@ -15,8 +15,9 @@
 // writes nothing (kick_locked and queue_ctrl defer to the caller, who arms the
 // pump when it lets go), and close() waits for it before closing the socket.
 // Such a request completes before send_msg returns (no wake needed).
-// Likewise a direct put up to 1 MiB that finds nothing queued runs on its
-// caller's thread (caller_putting_), and the queue waits behind it.
+// Likewise a direct put that finds nothing queued runs on its caller's thread
+// (caller_putting_; kCallerPutMax in connection.cpp), and the queue waits
+// behind it.
 //
 // Writes are FIFO: frames leave in the order send_msg/put were called, as one
 // scatter/gather write of headers and user buffers (user data is never copied).

@@ -7,8 +7,9 @@
  * connect; the path is unlinked by close_listener and fini.
  * Puts are single copy: the initiator reads the target region's descriptor
  * (key, address, length, shared file) out of the target with
- * process_vm_readv, checks the key and bounds, and copies, on the io thread,
- * in queue order: frames queued after the put leave only after the copy,
+ * process_vm_readv, checks the key and bounds, and copies in queue order (on
+ * the calling thread when nothing is queued on the connection, else on the io
+ * thread): frames queued after the put leave only after the copy,
  * which gives net.h's ordering contract. The put completes when the data is
  * in the target's memory. A region in a MAP_SHARED file mapping whose fd the
  * target holds (HMC_ALLOC_SHAREABLE memory: a memfd; /dev/shm files) is mapped

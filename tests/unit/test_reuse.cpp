@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/reuse.h"
+#include "collectives/scratch.h"
 #include "common/request.h"
 #include "core/progress.h"
 
@@ -103,4 +104,36 @@ TEST_CASE("shelved vectors come back empty with their capacity", "[reuse]") {
   Shelf<int>::give(huge);  // too large to keep: left with its owner, not shelved
   CHECK(huge.size() == (1u << 20));
   CHECK(Shelf<int>::take().capacity() == 0);
+}
+
+TEST_CASE("collective scratch keeps a few large host blocks", "[reuse]") {
+  using hmc::coll::ScratchPool;
+  auto block = [](std::size_t n) { return static_cast<uint8_t*>(::operator new(n, std::align_val_t{64})); };
+  ScratchPool pool;
+  std::size_t size = 0;
+  CHECK(pool.take_host(1 << 20, size) == nullptr);  // nothing kept yet
+
+  uint8_t* two = block(2 << 20);
+  pool.give_host(two, 2 << 20);
+  CHECK(pool.take_host(3 << 20, size) == nullptr);  // too small for that
+  CHECK(pool.take_host((3 << 20) / 2, size) == two);
+  CHECK(size == (2u << 20));
+  CHECK(pool.take_host(1 << 20, size) == nullptr);  // taken: no longer kept
+
+  // The smallest that fits; at most kHostKept stay (the rest are freed at once).
+  std::vector<uint8_t*> given;
+  for (std::size_t i = 0; i < ScratchPool::kHostKept + 2; ++i) {
+    const std::size_t n = std::size_t{1} << (20 + i);
+    given.push_back(block(n));
+    pool.give_host(given.back(), n);
+  }
+  pool.give_host(two, 2 << 20);  // one more than kept: freed
+  CHECK(pool.take_host(3 << 20, size) == given[2]);
+  CHECK(size == (4u << 20));
+  std::size_t left = 0;
+  while (uint8_t* p = pool.take_host(1, size)) {
+    ++left;
+    ::operator delete(p, std::align_val_t{64});
+  }
+  CHECK(left == ScratchPool::kHostKept - 1);
 }
