@@ -6,6 +6,7 @@
 #include "collectives/coll_op.h"
 #include "collectives/comm_state.h"
 #include "collectives/driver.h"
+#include "collectives/shm_coll.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
 
@@ -56,6 +57,8 @@ Request Call::run(const Build& build) {
   }
   if (ccl && !empty)
     if (auto delegated = try_delegate(comm_, *ccl, opt_)) return std::move(*delegated);
+  if (ccl && !empty && size_ > 1)
+    if (auto shared = try_shm(comm_, *ccl, opt_, settings)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
   // job's ranks hold different memory kinds): each chunk costs a handshake, which device
   // copies (hundreds of GB/s) notice most, so large messages get larger chunks.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/driver_op.h"
 #include "collectives/schedule.h"
 #include "collectives/scratch.h"
 #include "hmc/status.h"
@@ -50,10 +51,10 @@ struct CollSpec {
   std::size_t result_bytes = 0;  // what Request::bytes reports
 };
 
-class CollOp {
+class CollOp final : public DriverOp {
  public:
   CollOp(core::CommImpl& comm, uint64_t tag_base, CollSpec spec, Schedule sched, Scratch scratch);
-  ~CollOp();
+  ~CollOp() override;
   CollOp(const CollOp&) = delete;
   CollOp& operator=(const CollOp&) = delete;
 
@@ -65,12 +66,12 @@ class CollOp {
   // Queues the actions that wait for nothing and posts the sends and receives among
   // them; local work (copies, reductions) waits for the first advance(), so the call that
   // starts a collective returns at once.
-  void start();
+  void start() override;
   // Does what can be done without blocking; true when something happened.
-  bool advance();
-  bool finished() const { return finished_; }
+  bool advance() override;
+  bool finished() const override { return finished_; }
   // The context is going away: fail without touching the communicator again.
-  void abandon(Status why);
+  void abandon(Status why) override;
 
  private:
   bool post_ready();

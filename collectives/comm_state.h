@@ -24,6 +24,7 @@ struct CommState {
   uint64_t next_seq = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
   std::shared_ptr<CclLink> ccl;  // delegation to a vendor library (ccl.h), made on first use
+  std::shared_ptr<void> shm;     // small collectives over shared segments (shm_coll.cpp), made on first use
 };
 
 // Made on first use; lives as long as the communicator.

@@ -21,7 +21,7 @@ Driver& Driver::of(const std::shared_ptr<core::ProgressEngine>& engine) {
   return *drivers->back().second;
 }
 
-void Driver::launch(std::unique_ptr<CollOp> op, std::shared_ptr<core::StreamOrder> order) {
+void Driver::launch(std::unique_ptr<DriverOp> op, std::shared_ptr<core::StreamOrder> order) {
   std::lock_guard lock(mu_);
   const bool start = !order || order->ready();
   if (start) op->start();

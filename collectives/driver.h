@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives/coll_op.h"
+#include "collectives/driver_op.h"
 #include "core/progress.h"
 #include "core/stream_order.h"
 
@@ -29,7 +30,7 @@ class Driver final : public core::Progressable {
   // Posts op's first sends and receives now, on the caller's thread, then runs it in
   // progress(). With `order`, op starts only once order->ready(), and order->finish()
   // runs when op ends.
-  void launch(std::unique_ptr<CollOp> op, std::shared_ptr<core::StreamOrder> order = nullptr);
+  void launch(std::unique_ptr<DriverOp> op, std::shared_ptr<core::StreamOrder> order = nullptr);
   bool progress() override;
 
  private:
@@ -37,7 +38,7 @@ class Driver final : public core::Progressable {
   core::ProgressEngine* engine_;
   std::mutex mu_;
   struct Entry {
-    std::unique_ptr<CollOp> op;
+    std::unique_ptr<DriverOp> op;
     std::shared_ptr<core::StreamOrder> order;
     bool started;
   };

@@ -114,6 +114,7 @@ Status CommImpl::setup(const UniqueId& id) {
   for (auto& p : peers_)
     HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
   HMC_RETURN_IF_ERROR(connect_all(id.secret, deadline));
+  HMC_RETURN_IF_ERROR(setup_segments(mine, deadline));
   for (auto& p : peers_) {
     if (!p.net) continue;
     p.ctrl.resize(kCtrlSlots);
@@ -255,6 +256,7 @@ void CommImpl::abort() {
     // gone (kPeerLost) rather than a put refused by a region released under it.
     close_connections();
     fail_all({ErrorCode::kAborted, "communicator was aborted"});
+    if (segments_) segments_->fail({ErrorCode::kAborted, "communicator was aborted"});
   }
   ctx_.engine()->wake();
 }
@@ -274,6 +276,7 @@ Status CommImpl::finalize() {
   std::lock_guard lock(mu_);
   state_ = 1;
   fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
+  if (segments_) segments_->fail({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
   if (registered_) ctx_.engine()->remove(this);
   registered_ = false;
   Status bye = bootstrap_->finalize(deadline);

@@ -22,6 +22,7 @@
 #include "core/card.h"
 #include "core/context_impl.h"
 #include "core/device_path.h"
+#include "core/host_segments.h"
 #include "core/progress.h"
 #include "core/registration.h"
 #include "core/wire.h"
@@ -54,6 +55,10 @@ class CommImpl : public Progressable {
   Status usable() const;
 
   bool progress() override;
+
+  // The shared segments of small collectives (host_segments.h), or null: then no rank of
+  // this communicator has them.
+  const std::shared_ptr<HostSegments>& segments() const { return segments_; }
 
   // One slot for the layer above (the collectives' sequence counter, scratch pool, vendor
   // CCL communicator): made by `make` on first use, destroyed with the communicator.
@@ -162,6 +167,7 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
+  Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);
   void close_connections();
@@ -197,6 +203,7 @@ class CommImpl : public Progressable {
   std::vector<RegCacheEntry> reg_cache_;
   uint64_t reg_cache_gen_ = 0;
   DeviceTransfers dev_{ctx_};
+  std::shared_ptr<HostSegments> segments_;
   std::mutex upper_mu_;
   std::shared_ptr<void> upper_;
 };

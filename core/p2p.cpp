@@ -512,6 +512,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   // After finalize/abort closing connections is expected: not worth a warning.
   if (state_.load() == 0) HMC_LOG("core", warn, "peer lost: {}", why.message());
   p.lost = why;
+  if (segments_) segments_->fail(why);
   for (auto& r : p.posted) r.op->fail(why);
   for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
   for (auto& [id, r] : p.rndv_recvs) {

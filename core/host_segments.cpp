@@ -1,0 +1,87 @@
+#include "core/host_segments.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/comm_impl.h"
+#include "core/log.h"
+#include "core/plugin_registry.h"
+
+namespace hmc::core {
+
+HostSegments::HostSegments(LoadedProvider* cpu, void* own, int rank, int size)
+    : cpu_(cpu), own_(own), rank_(rank), base_(size, nullptr) {
+  base_[rank] = static_cast<uint8_t*>(own);
+}
+
+HostSegments::~HostSegments() {
+  for (void* p : imported_) cpu_->dev->ipc_close(cpu_->state, p);
+  cpu_->dev->mem_free(cpu_->state, 0, own_);
+}
+
+void HostSegments::fail(const Status& why) {
+  std::lock_guard lock(mu_);
+  if (failed_.ok()) failed_ = why;
+}
+
+Status HostSegments::failed() const {
+  std::lock_guard lock(mu_);
+  return failed_;
+}
+
+// Every rank decides from the same cards whether to try; then each exports its segment,
+// imports everyone else's, and all agree on the outcome, so either every rank has the
+// segments or none has.
+Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
+  auto host_only = [](const Card& c) {
+    return std::all_of(c.devices.begin(), c.devices.end(), [](const DeviceInfo& d) { return d.id.provider == "cpu"; });
+  };
+  bool want = size_ >= 2 && ctx_.config().flag("HMC_SHM_COLL");
+  for (const auto& p : peers_) want = want && p.card.host_id == mine.host_id && host_only(p.card);
+  LoadedProvider* cpu = ctx_.registry().device("cpu");
+  if (!want || !cpu || !(cpu->dev->caps & HMC_DEV_CAP_IPC)) return {};
+
+  std::string why;
+  std::vector<uint8_t> handle(HMC_IPC_HANDLE_MAX);
+  std::size_t len = 0;
+  void* own = nullptr;
+  if (cpu->dev->mem_alloc(cpu->state, 0, HostSegments::kBytes, HMC_ALLOC_SHAREABLE, &own) != 0 || !own)
+    why = "allocation: " + provider_error(*cpu);
+  else if (cpu->dev->ipc_export(cpu->state, own, HostSegments::kBytes, handle.data(), handle.size(), &len) != 0)
+    why = "export: " + provider_error(*cpu);
+  std::shared_ptr<HostSegments> segs;
+  if (own) {
+    std::memset(own, 0, HostSegments::kBytes);
+    segs = std::make_shared<HostSegments>(cpu, own, rank_, size_);  // frees own when dropped
+  }
+  handle.resize(why.empty() ? len : 0);
+  auto handles = bootstrap_->allgather(handle, deadline);
+  if (!handles) return handles.status();
+  if (why.empty()) {
+    for (int r = 0; r < size_ && why.empty(); ++r) {
+      const auto& h = handles.value()[r];
+      if (r == rank_) continue;
+      void* ptr = nullptr;
+      if (h.empty()) why = "rank " + std::to_string(r) + " has no segment";
+      else if (cpu->dev->ipc_import(cpu->state, h.data(), h.size(), &ptr) != 0 || !ptr)
+        why = "import from rank " + std::to_string(r) + ": " + provider_error(*cpu);
+      else {
+        segs->imported_.push_back(ptr);
+        segs->base_[r] = static_cast<uint8_t*>(ptr);
+      }
+    }
+  }
+  auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(why.begin(), why.end()), deadline);
+  if (!verdicts) return verdicts.status();
+  for (int r = 0; r < size_; ++r) {
+    const auto& v = verdicts.value()[r];
+    if (v.empty()) continue;
+    HMC_LOG("coll", info, "rank {}: small collectives use messages: rank {} could not share its segment ({})", rank_, r,
+            std::string(v.begin(), v.end()));
+    return {};
+  }
+  segments_ = std::move(segs);
+  return {};
+}
+
+}  // namespace hmc::core

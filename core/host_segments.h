@@ -1,0 +1,51 @@
+// HostSegments: one small shared-memory segment per rank of a communicator whose ranks
+// all run on this host with host memory only, each mapped by every rank. The collectives
+// layer runs small collectives through them (collectives/shm_coll.h) instead of messages.
+//
+// Each rank's segment is a shareable host allocation of its own, made by the cpu provider
+// itself (memfd memory; not through Context::alloc, which may hand host memory to a net
+// provider), exported and imported through the cpu provider's IPC, as device_path.cpp
+// does for GPUs. Users hold it by shared_ptr: the mappings outlive the communicator while a
+// collective still refers to them. fail() records why no collective may wait on them any
+// more (a peer lost, the communicator aborted); users check failed() while they wait.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "hmc/status.h"
+
+namespace hmc::core {
+
+struct LoadedProvider;
+
+class HostSegments {
+ public:
+  static constexpr std::size_t kBytes = 16 << 10;
+
+  // `own`: this rank's segment, from cpu's mem_alloc; freed with it.
+  HostSegments(LoadedProvider* cpu, void* own, int rank, int size);
+  ~HostSegments();
+  HostSegments(const HostSegments&) = delete;
+  HostSegments& operator=(const HostSegments&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(base_.size()); }
+  uint8_t* of(int rank) const { return base_[rank]; }
+  void fail(const Status& why);
+  Status failed() const;
+
+ private:
+  friend class CommImpl;
+  LoadedProvider* cpu_;
+  void* own_;
+  int rank_;
+  std::vector<uint8_t*> base_;     // per rank; own_ at rank_
+  std::vector<void*> imported_;    // what ipc_close must release
+  mutable std::mutex mu_;
+  Status failed_;
+};
+
+}  // namespace hmc::core
