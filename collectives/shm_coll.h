@@ -1,5 +1,5 @@
 // ShmColl: small collectives over the communicator's shared host segments
-// (core/host_segments.h), when every rank runs on this host with host memory only.
+// (core/host_segments.h), when every rank runs on this host and has no device but the CPU.
 //
 // Each rank copies its input (up to kSlotBytes) into one of the two slots of its own
 // segment and publishes the collective's sequence number there; once every rank's

@@ -1,5 +1,5 @@
 // HostSegments: one small shared-memory segment per rank of a communicator whose ranks
-// all run on this host with host memory only, each mapped by every rank. The collectives
+// all run on this host with no device but the CPU, each mapped by every rank. The collectives
 // layer runs small collectives through them (collectives/shm_coll.h) instead of messages.
 //
 // Each rank's segment is a shareable host allocation of its own, made by the cpu provider
