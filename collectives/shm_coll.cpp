@@ -36,7 +36,10 @@ class ShmColl final : public DriverOp {
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmState> state,
           const CclWork& w, uint64_t seq)
       : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), seq_(seq),
-        result_(core::Operation::make(comm.context().engine())) {}
+        result_(core::Operation::make(comm.context().engine())) {
+    result_->engine()->segment_waits(+1);
+  }
+  ~ShmColl() override { end_wait(); }
 
   const std::shared_ptr<core::Operation>& result() const { return result_; }
   void start() override { advance(); }
@@ -65,6 +68,7 @@ class ShmColl final : public DriverOp {
     word(segs_->of(segs_->rank()), kDoneOff).store(seq_, std::memory_order_release);
     state_->finished.store(seq_, std::memory_order_release);
     finished_ = true;
+    end_wait();
     result_->complete(w_.result_bytes);
     return true;
   }
@@ -124,9 +128,16 @@ class ShmColl final : public DriverOp {
     return false;
   }
 
+  // Waiters poll closer together while shared-segment collectives are pending (progress.h).
+  void end_wait() {
+    if (waiting_) result_->engine()->segment_waits(-1);
+    waiting_ = false;
+  }
+
   void fail(const Status& why) {
     if (finished_) return;
     finished_ = true;
+    end_wait();
     result_->fail({why.code(), std::string(coll_kind_name(w_.kind)) + ": " + why.message()});
   }
 
@@ -138,6 +149,7 @@ class ShmColl final : public DriverOp {
   std::shared_ptr<core::Operation> result_;
   bool published_ = false;
   bool finished_ = false;
+  bool waiting_ = true;
 };
 
 std::shared_ptr<ShmState> shm_state(CommState& cs) {

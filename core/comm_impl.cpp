@@ -111,6 +111,11 @@ Status CommImpl::setup(const UniqueId& id) {
       return {r == rank_ ? mine_ok.code() : ErrorCode::kUnavailable,
               r == rank_ ? mine_ok.message() : "rank " + std::to_string(r) + " failed to set up: " + std::string(v.begin(), v.end())};
   }
+  // Ranks on this machine share its CPUs: the host name counts, not HMC_HOST_ID (which
+  // may split one machine into several hosts).
+  int here = 0;
+  for (auto& p : peers_) here += p.card.hostname == mine.hostname ? 1 : 0;
+  ctx_.note_host_ranks(here);
   for (auto& p : peers_)
     HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
   HMC_RETURN_IF_ERROR(connect_all(id.secret, deadline));

@@ -118,6 +118,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
       {"HMC_SHM_COLL", ParamType::kBool, "1", "collectives of up to 4 KiB per rank go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
+      {"HMC_YIELD_EVERY", ParamType::kInt, "0", "while a collective over shared segments is pending, a waiting thread calls sched_yield after this many unproductive polls (else after each); 0: 8 while this host's ranks have a CPU each, else 1"},
       {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},
       {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},
       {"HMC_WORLD_SIZE", ParamType::kInt, "", "number of ranks (Communicator::from_env)"},

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <fstream>
 #include <random>
 
@@ -89,6 +90,9 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   ctx->timeout_ = ctx->config_.duration("HMC_TIMEOUT");
   if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
   ctx->engine_->default_timeout = ctx->timeout_;
+  ctx->yield_every_ = ctx->config_.integer("HMC_YIELD_EVERY");
+  if (ctx->yield_every_ < 0) return Status(ErrorCode::kInvalidArgument, "HMC_YIELD_EVERY must be 0 (automatic) or more");
+  ctx->note_host_ranks(1);
   ctx->host_register_min_ = ctx->config_.size("HMC_HOST_REGISTER");
   ctx->host_id_ = ctx->config_.str("HMC_HOST_ID");
   if (ctx->host_id_.empty()) ctx->host_id_ = local_hostname() + "/" + read_boot_id();
@@ -309,6 +313,15 @@ Result<UniqueId> ContextImpl::create_unique_id() {
   std::lock_guard lock(mu_);
   roots_.push_back(std::move(root.value()));
   return id;
+}
+
+void ContextImpl::note_host_ranks(int n) {
+  constexpr int kAlone = 8;  // polls between yields with a CPU to oneself (progress.h)
+  std::lock_guard lock(mu_);
+  host_ranks_ = std::max(host_ranks_, n);
+  if (yield_every_ > 0) return engine_->set_yield_every(static_cast<int>(yield_every_));
+  const auto cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  engine_->set_yield_every(host_ranks_ <= cpus ? kAlone : 1);
 }
 
 }  // namespace hmc::core

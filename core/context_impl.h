@@ -27,6 +27,10 @@ class ContextImpl {
   PluginRegistry& registry() { return *registry_; }
   const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // A communicator of this context has `n` ranks on this machine (this one included):
+  // waiters poll back to back between yields only while the busiest such communicator
+  // leaves every rank a CPU (progress.h), unless HMC_YIELD_EVERY says otherwise.
+  void note_host_ranks(int n);
   Clock::time_point deadline() const { return Clock::now() + timeout_; }
 
   std::vector<DeviceInfo> devices() const;
@@ -95,6 +99,8 @@ class ContextImpl {
   std::unique_ptr<PluginRegistry> registry_;
   LoadedProvider* net_alloc_ = nullptr;  // the net provider whose mem_alloc serves host memory, or null
   std::chrono::milliseconds timeout_{60000};
+  int64_t yield_every_ = 0;  // HMC_YIELD_EVERY
+  int host_ranks_ = 1;       // most ranks on this machine in one communicator (mu_)
   std::size_t host_register_min_ = 0;
   std::string host_id_;
   mutable std::mutex mu_;

@@ -107,7 +107,7 @@ void ProgressEngine::wake() {
 }
 
 bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_point deadline) {
-  constexpr int kSpins = 200;
+  constexpr int kSpins = 200;  // yields before the first sleep
   int idle = 0;
   Clock::time_point last_poll{};
   while (true) {
@@ -122,7 +122,11 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
     last_poll = now;
     if (now >= deadline) return false;
     if (moved) { idle = 0; continue; }
-    if (++idle < kSpins) { std::this_thread::yield(); continue; }
+    const int every = segment_waits_.load(std::memory_order_relaxed) > 0 ? yield_every_.load(std::memory_order_relaxed) : 1;
+    if (++idle < kSpins * every) {
+      if (idle % every == 0) std::this_thread::yield();
+      continue;
+    }
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1);
     auto until = std::min(deadline, now + (polling ? kQuietTime : std::chrono::milliseconds(1)));
