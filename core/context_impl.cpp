@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "core/bootstrap.h"
 #include "core/log.h"

@@ -78,3 +78,12 @@ TEST_CASE("device memory API allocates, copies and tracks on the cpu provider", 
   CHECK(ctx->alloc({"cpu", 0}, 0).status().code() == ErrorCode::kInvalidArgument);
   CHECK(ctx->copy(nullptr, ctx.value().devices().data(), 4).code() == ErrorCode::kInvalidArgument);
 }
+
+TEST_CASE("HMC_YIELD_EVERY takes 0 (automatic) or a count of polls", "[config]") {
+  auto bad = Context::create({{{"HMC_YIELD_EVERY", "-1"}}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains("HMC_YIELD_EVERY"));
+  CHECK(Context::create({{{"HMC_YIELD_EVERY", "8"}}}).ok());
+  CHECK(Context::create({{{"HMC_YIELD_EVERY", "0"}}}).ok());
+}
