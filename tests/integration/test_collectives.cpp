@@ -964,20 +964,26 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
 TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][errors]") {
   auto s = settings();
   s["HMC_TIMEOUT"] = "20s";
-  auto exits = test::run_ranks(3, s, [](RankEnv& e) -> int {
-    // Everyone's set-up is complete first: a rank leaving while its peers still connect
-    // fails their Communicator::create instead, which is another test's matter.
-    HMC_EXPECT_OK(e.comm.barrier());
-    if (e.rank == 2) _exit(0);  // leaves without taking part
-    std::vector<float> a(100000, 1.f);
-    Status st = all_reduce(e.comm, a.data(), a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum).wait(std::chrono::seconds(20));
-    HMC_EXPECT(st.code() == ErrorCode::kPeerLost, "expected kPeerLost, got " + st.to_string());
-    e.comm.abort();
-    return 0;
-  }, std::chrono::seconds(60));
-  INFO(test::describe(exits));
-  REQUIRE(exits[0].exit_code == 0);
-  REQUIRE(exits[1].exit_code == 0);
+  // 100000 floats go through messages; 4 through the shared segments (shm_coll.h).
+  for (std::size_t count : {std::size_t{100000}, std::size_t{4}}) {
+    DYNAMIC_SECTION(count << " floats") {
+      auto exits = test::run_ranks(3, s, [count](RankEnv& e) -> int {
+        // Everyone's set-up is complete first: a rank leaving while its peers still connect
+        // fails their Communicator::create instead, which is another test's matter.
+        HMC_EXPECT_OK(e.comm.barrier());
+        if (e.rank == 2) _exit(0);  // leaves without taking part
+        std::vector<float> a(count, 1.f);
+        Status st = all_reduce(e.comm, a.data(), a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum)
+                        .wait(std::chrono::seconds(20));
+        HMC_EXPECT(st.code() == ErrorCode::kPeerLost, "expected kPeerLost, got " + st.to_string());
+        e.comm.abort();
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].exit_code == 0);
+    }
+  }
 }
 
 TEST_CASE("wait with a deadline times out and the collective still completes", "[collectives][timing]") {
