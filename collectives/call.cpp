@@ -58,7 +58,7 @@ Request Call::run(const Build& build) {
   if (ccl && !empty)
     if (auto delegated = try_delegate(comm_, *ccl, opt_)) return std::move(*delegated);
   if (ccl && !empty && size_ > 1)
-    if (auto shared = try_shm(comm_, *ccl, opt_, settings)) return std::move(*shared);
+    if (auto shared = try_shm(ci, state, *ccl, opt_)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
   // job's ranks hold different memory kinds): each chunk costs a handshake, which device
   // copies (hundreds of GB/s) notice most, so large messages get larger chunks.

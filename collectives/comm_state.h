@@ -3,6 +3,7 @@
 // scratch, and the delegation to a vendor collective library.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -18,13 +19,21 @@ namespace hmc::coll {
 
 class CclLink;  // ccl.cpp
 
+// Sequence numbers of the collectives over shared segments (shm_coll.cpp): the next one
+// to hand out and the last one this rank finished. Each pending one holds it too, since it
+// may outlive the communicator.
+struct ShmSeq {
+  std::atomic<uint64_t> next{0};
+  std::atomic<uint64_t> finished{0};
+};
+
 struct CommState {
   CollSettings settings;  // read when the state is made
   std::mutex mu;
   uint64_t next_seq = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
   std::shared_ptr<CclLink> ccl;  // delegation to a vendor library (ccl.h), made on first use
-  std::shared_ptr<void> shm;     // small collectives over shared segments (shm_coll.cpp), made on first use
+  std::shared_ptr<ShmSeq> shm = std::make_shared<ShmSeq>();
 };
 
 // Made on first use; lives as long as the communicator.

@@ -24,16 +24,9 @@ std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
 }
 
-// Per communicator: the next sequence number and the last one this rank finished.
-struct ShmState {
-  std::mutex mu;
-  uint64_t next = 0;
-  std::atomic<uint64_t> finished{0};
-};
-
 class ShmColl final : public DriverOp {
  public:
-  ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmState> state,
+  ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
           const CclWork& w, uint64_t seq)
       : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), seq_(seq),
         result_(core::Operation::make(comm.context().engine())) {
@@ -143,7 +136,7 @@ class ShmColl final : public DriverOp {
 
   core::ContextImpl& ctx_;
   std::shared_ptr<core::HostSegments> segs_;
-  std::shared_ptr<ShmState> state_;
+  std::shared_ptr<ShmSeq> state_;
   CclWork w_;
   uint64_t seq_;
   std::shared_ptr<core::Operation> result_;
@@ -152,30 +145,18 @@ class ShmColl final : public DriverOp {
   bool waiting_ = true;
 };
 
-std::shared_ptr<ShmState> shm_state(CommState& cs) {
-  std::lock_guard lock(cs.mu);
-  if (!cs.shm) cs.shm = std::make_shared<ShmState>();
-  return std::static_pointer_cast<ShmState>(cs.shm);
-}
-
 }  // namespace
 
-std::optional<Request> try_shm(Communicator& comm, const CclWork& w, const CollOptions& opt,
-                               const CollSettings& settings) {
-  core::CommImpl& ci = comm.impl();
+std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWork& w, const CollOptions& opt) {
   const auto& segs = ci.segments();
+  const CollSettings& settings = state.settings;
   if (!segs || opt.stream || !opt.algorithm.empty() || settings.algo_set || opt.check.value_or(settings.check))
     return std::nullopt;
   if (w.kind != CollKind::kAllReduce && w.kind != CollKind::kAllGather && w.kind != CollKind::kAllToAll)
     return std::nullopt;
   if (w.send_bytes == 0 || w.send_bytes > kSlotBytes) return std::nullopt;
-  auto state = shm_state(comm_state(ci));
-  uint64_t seq;
-  {
-    std::lock_guard lock(state->mu);
-    seq = ++state->next;
-  }
-  auto op = std::make_unique<ShmColl>(ci, segs, std::move(state), w, seq);
+  const uint64_t seq = state.shm->next.fetch_add(1, std::memory_order_relaxed) + 1;
+  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, seq);
   Request result(op->result());
   Driver::of(ci.context().engine()).launch(std::move(op));
   return result;

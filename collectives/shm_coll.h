@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "collectives/ccl.h"
-#include "collectives/settings.h"
+#include "collectives/comm_state.h"
 #include "hmc/collectives.h"
 
 namespace hmc::coll {
@@ -25,7 +25,6 @@ inline constexpr std::size_t kSlotBytes = 4096;
 // The request of `w` run over the shared segments, or nullopt when this call does not
 // qualify (the same answer on every rank: it depends only on the communicator and on
 // arguments all ranks pass alike).
-std::optional<Request> try_shm(Communicator& comm, const CclWork& w, const CollOptions& opt,
-                               const CollSettings& settings);
+std::optional<Request> try_shm(core::CommImpl& comm, CommState& state, const CclWork& w, const CollOptions& opt);
 
 }  // namespace hmc::coll

@@ -21,10 +21,13 @@ HostSegments::~HostSegments() {
 
 void HostSegments::fail(const Status& why) {
   std::lock_guard lock(mu_);
-  if (failed_.ok()) failed_ = why;
+  if (!failed_.ok()) return;
+  failed_ = why;
+  has_failed_.store(true, std::memory_order_release);
 }
 
 Status HostSegments::failed() const {
+  if (!has_failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard lock(mu_);
   return failed_;
 }

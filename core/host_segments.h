@@ -10,6 +10,7 @@
 // more (a peer lost, the communicator aborted); users check failed() while they wait.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -44,6 +45,7 @@ class HostSegments {
   int rank_;
   std::vector<uint8_t*> base_;     // per rank; own_ at rank_
   std::vector<void*> imported_;    // what ipc_close must release
+  std::atomic<bool> has_failed_{false};  // polled by every wait; failed_ only once set
   mutable std::mutex mu_;
   Status failed_;
 };
