@@ -137,6 +137,7 @@ CollSettings CollSettings::read(const core::Config& cfg) {
   }
   s.check = cfg.flag("HMC_COLL_CHECK");
   s.chunk = cfg.size("HMC_COLL_CHUNK");
+  s.shm_max = cfg.size("HMC_SHM_COLL_MAX");
   s.max_chunks = cfg.integer("HMC_COLL_MAX_CHUNKS");
   s.ccl = cfg.str("HMC_CCL");
   return s;

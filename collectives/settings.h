@@ -23,6 +23,7 @@ struct CollSettings {
   bool algo_set = false;                   // HMC_ALGO given: no delegation to a vendor library
   bool check = false;                      // HMC_COLL_CHECK
   std::size_t chunk = 0;                   // HMC_COLL_CHUNK
+  std::size_t shm_max = 0;                 // HMC_SHM_COLL_MAX (0: no limit)
   int64_t max_chunks = 0;                  // HMC_COLL_MAX_CHUNKS
   std::string ccl;                         // HMC_CCL
 

@@ -12,24 +12,55 @@
 namespace hmc::coll {
 namespace {
 
-// Layout of a rank's segment: the last sequence number it finished reading, then two
-// slots of a published sequence number and the input, each on its own cache lines.
+// Layout of a rank's segment: the last sequence number it finished, then two slots, each
+// with the sequence number whose input it holds, the one whose reduced share it holds
+// (all_reduce), and the data, each on its own cache lines.
 constexpr std::size_t kDoneOff = 0;
-constexpr std::size_t kSlotStride = 64 + kSlotBytes;
+constexpr std::size_t kSlotStride = 128 + kSlotBytes;
 constexpr std::size_t seq_off(uint64_t b) { return 64 + b * kSlotStride; }
-constexpr std::size_t data_off(uint64_t b) { return 128 + b * kSlotStride; }
+constexpr std::size_t red_off(uint64_t b) { return 128 + b * kSlotStride; }
+constexpr std::size_t data_off(uint64_t b) { return 192 + b * kSlotStride; }
 static_assert(data_off(1) + kSlotBytes <= core::HostSegments::kBytes);
+
+// An all_reduce round is reduced whole by every rank (one wait) while each rank reads at
+// most this many bytes of the others' inputs so; beyond, each rank reduces a share, then
+// the shares are gathered (two waits, each input read once). From hmc-bench all_reduce
+// at 16-64 KiB on 2 and 4 ranks (docs/performance.md).
+constexpr std::size_t kWholeReduceMax = 32 << 10;
 
 std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
 }
 
+// How a collective is cut into rounds of at most one slot per rank: `chunk` bytes of each
+// rank's input (all_gather), of each element range (all_reduce) or of each block (all_to_all).
+struct Rounds {
+  std::size_t total = 0;  // bytes to cover: the input, or one all_to_all block
+  std::size_t chunk = 0;
+  uint64_t count = 0;
+};
+
+Rounds rounds_of(const CclWork& w, int n) {
+  Rounds r;
+  if (w.kind == CollKind::kAllToAll) {
+    r.total = w.send_bytes / n;
+    r.chunk = kSlotBytes / n;
+    if (r.chunk > 64) r.chunk &= ~std::size_t{63};
+  } else {
+    r.total = w.send_bytes;
+    const std::size_t elem = w.send_bytes / w.count;
+    r.chunk = kSlotBytes / elem * elem;
+  }
+  r.count = r.chunk ? (r.total + r.chunk - 1) / r.chunk : 0;
+  return r;
+}
+
 class ShmColl final : public DriverOp {
  public:
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
-          const CclWork& w, uint64_t seq)
-      : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), seq_(seq),
-        result_(core::Operation::make(comm.context().engine())) {
+          const CclWork& w, Rounds rounds, uint64_t first_seq)
+      : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
+        first_(first_seq), result_(core::Operation::make(comm.context().engine())) {
     result_->engine()->segment_waits(+1);
   }
   ~ShmColl() override { end_wait(); }
@@ -46,70 +77,141 @@ class ShmColl final : public DriverOp {
     graveyard->push_back(std::move(segs_));
   }
 
+  // As far as the other ranks allow: the next round's input goes in while this one is read.
   bool advance() override {
-    if (finished_) return false;
     bool moved = false;
-    if (!published_) {
-      if (!publish()) return check_failed();
-      moved = published_ = true;
+    while (!finished_) {
+      bool step = false;
+      if (published_ < rounds_.count && published_ <= current_ + 1 && publish(published_)) {
+        ++published_;
+        step = true;
+      }
+      if (current_ < published_) {
+        if (Status s = run_round(step); !s.ok()) {
+          fail(s);
+          return true;
+        }
+      }
+      if (!step) break;
+      moved = true;
     }
-    if (!everyone_published()) return check_failed() || moved;
-    if (Status s = compute(); !s.ok()) {
-      fail(s);
-      return true;
-    }
-    word(segs_->of(segs_->rank()), kDoneOff).store(seq_, std::memory_order_release);
-    state_->finished.store(seq_, std::memory_order_release);
-    finished_ = true;
-    end_wait();
-    result_->complete(w_.result_bytes);
-    return true;
+    if (finished_) return moved;
+    return check_failed() || moved;
   }
 
  private:
-  uint64_t slot() const { return seq_ & 1; }
+  uint64_t seq(uint64_t round) const { return first_ + round; }
+  static uint64_t slot(uint64_t seq) { return seq & 1; }
+  std::size_t offset(uint64_t round) const { return round * rounds_.chunk; }
+  std::size_t length(uint64_t round) const { return std::min(rounds_.chunk, rounds_.total - offset(round)); }
+  uint8_t* own() const { return segs_->of(segs_->rank()); }
+  const uint8_t* data(int r, uint64_t s) const { return segs_->of(r) + data_off(slot(s)); }
 
-  // Into this rank's slot, once every rank finished reading it (two collectives ago).
-  bool publish() {
+  // Round `round`'s input into this rank's slot, once every rank finished reading what that
+  // slot held (two rounds ago).
+  bool publish(uint64_t round) {
+    const uint64_t s = seq(round);
     for (int r = 0; r < segs_->size(); ++r)
-      if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) + 2 < seq_) return false;
-    uint8_t* mine = segs_->of(segs_->rank());
-    std::memcpy(mine + data_off(slot()), w_.send, w_.send_bytes);
-    word(mine, seq_off(slot())).store(seq_, std::memory_order_release);
+      if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) + 2 < s) return false;
+    uint8_t* dst = own() + data_off(slot(s));
+    const auto* src = static_cast<const uint8_t*>(w_.send);
+    const std::size_t off = offset(round), len = length(round);
+    if (w_.kind == CollKind::kAllToAll) {
+      for (int p = 0; p < segs_->size(); ++p) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
+    } else {
+      std::memcpy(dst, src + off, len);
+    }
+    word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
     return true;
   }
 
-  // Every rank's input is up, and this rank finished the collective before this one.
-  bool everyone_published() const {
-    if (state_->finished.load(std::memory_order_acquire) + 1 != seq_) return false;
+  bool everyone_at(std::size_t (*off)(uint64_t), uint64_t s) const {
     for (int r = 0; r < segs_->size(); ++r)
-      if (word(segs_->of(r), seq_off(slot())).load(std::memory_order_acquire) < seq_) return false;
+      if (word(segs_->of(r), off(slot(s))).load(std::memory_order_acquire) < s) return false;
     return true;
   }
 
-  const uint8_t* input(int r) const { return segs_->of(r) + data_off(slot()); }
+  // One step of the current round, if the other ranks are there; `moved` says so.
+  Status run_round(bool& moved) {
+    const uint64_t s = seq(current_);
+    if (!reduced_) {
+      // This rank finished the collective before this one, and every rank's input is up.
+      if (state_->finished.load(std::memory_order_acquire) + 1 != s || !everyone_at(seq_off, s)) return {};
+      if (w_.kind == CollKind::kAllReduce && length(current_) * (segs_->size() - 1) > kWholeReduceMax) {
+        HMC_RETURN_IF_ERROR(reduce_share(s));
+        reduced_ = moved = true;
+        word(own(), red_off(slot(s))).store(s, std::memory_order_release);
+        return {};
+      }
+      HMC_RETURN_IF_ERROR(compute(s));
+    } else {
+      if (!everyone_at(red_off, s)) return {};
+      gather_shares(s);
+      reduced_ = false;
+    }
+    moved = true;
+    word(own(), kDoneOff).store(s, std::memory_order_release);
+    state_->finished.store(s, std::memory_order_release);
+    if (++current_ == rounds_.count) {
+      finished_ = true;
+      end_wait();
+      result_->complete(w_.result_bytes);
+    }
+    return {};
+  }
 
-  Status compute() {
+  Status compute(uint64_t s) {
     const int n = segs_->size(), me = segs_->rank();
+    const std::size_t off = offset(current_), len = length(current_);
     auto* out = static_cast<uint8_t*>(w_.recv);
     switch (w_.kind) {
-      case CollKind::kAllReduce: {
-        const bool avg = *w_.op == ReduceOp::kAvg;
-        const ReduceOp op = avg ? ReduceOp::kSum : *w_.op;
-        std::memcpy(out, input(0), w_.send_bytes);
-        for (int r = 1; r < n; ++r) HMC_RETURN_IF_ERROR(ctx_.reduce(out, out, input(r), w_.count, w_.dtype, op));
-        if (avg) HMC_RETURN_IF_ERROR(ctx_.divide(out, w_.count, w_.dtype, static_cast<uint64_t>(n)));
-        return {};
-      }
+      case CollKind::kAllReduce: return reduce_range(out + off, s, 0, len);
       case CollKind::kAllGather:
-        for (int r = 0; r < n; ++r) std::memcpy(out + r * w_.send_bytes, input(r), w_.send_bytes);
+        for (int r = 0; r < n; ++r) std::memcpy(out + r * rounds_.total + off, data(r, s), len);
         return {};
-      case CollKind::kAllToAll: {
-        const std::size_t block = w_.send_bytes / n;
-        for (int r = 0; r < n; ++r) std::memcpy(out + r * block, input(r) + me * block, block);
+      case CollKind::kAllToAll:
+        for (int r = 0; r < n; ++r) std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
         return {};
-      }
       default: return {ErrorCode::kInternal, "no shared-segment form of this collective"};
+    }
+  }
+
+  // dst = the reduction, in rank order, of every rank's bytes [lo, hi) of the round.
+  Status reduce_range(uint8_t* dst, uint64_t s, std::size_t lo, std::size_t hi) {
+    if (lo >= hi) return {};
+    const std::size_t elem = w_.send_bytes / w_.count, count = (hi - lo) / elem;
+    const bool avg = *w_.op == ReduceOp::kAvg;
+    const ReduceOp op = avg ? ReduceOp::kSum : *w_.op;
+    std::memcpy(dst, data(0, s) + lo, hi - lo);
+    for (int r = 1; r < segs_->size(); ++r)
+      HMC_RETURN_IF_ERROR(ctx_.reduce(dst, dst, data(r, s) + lo, count, w_.dtype, op));
+    if (avg) HMC_RETURN_IF_ERROR(ctx_.divide(dst, count, w_.dtype, static_cast<uint64_t>(segs_->size())));
+    return {};
+  }
+
+  // Rank r's share of a round's bytes: whole elements, on cache-line multiples where it can.
+  std::pair<std::size_t, std::size_t> share(int r) const {
+    const std::size_t len = length(current_), elem = w_.send_bytes / w_.count, n = segs_->size();
+    std::size_t per = (len / elem + n - 1) / n * elem;
+    if (per > 64 && 64 % elem == 0) per = (per + 63) & ~std::size_t{63};
+    return {std::min(r * per, len), std::min((r + 1) * per, len)};
+  }
+
+  // This rank's share reduced into the output and into its own slot, where the others
+  // read it (no other rank reads this rank's input there).
+  Status reduce_share(uint64_t s) {
+    auto [lo, hi] = share(segs_->rank());
+    uint8_t* out = static_cast<uint8_t*>(w_.recv) + offset(current_);
+    HMC_RETURN_IF_ERROR(reduce_range(out + lo, s, lo, hi));
+    std::memcpy(own() + data_off(slot(s)) + lo, out + lo, hi - lo);
+    return {};
+  }
+
+  void gather_shares(uint64_t s) {
+    uint8_t* out = static_cast<uint8_t*>(w_.recv) + offset(current_);
+    for (int r = 0; r < segs_->size(); ++r) {
+      auto [lo, hi] = share(r);
+      if (r != segs_->rank() && lo < hi) std::memcpy(out + lo, data(r, s) + lo, hi - lo);
     }
   }
 
@@ -138,9 +240,12 @@ class ShmColl final : public DriverOp {
   std::shared_ptr<core::HostSegments> segs_;
   std::shared_ptr<ShmSeq> state_;
   CclWork w_;
-  uint64_t seq_;
+  Rounds rounds_;
+  uint64_t first_;
   std::shared_ptr<core::Operation> result_;
-  bool published_ = false;
+  uint64_t published_ = 0;  // rounds whose input is in the slots
+  uint64_t current_ = 0;    // the round being read
+  bool reduced_ = false;    // the current round's share is reduced and published
   bool finished_ = false;
   bool waiting_ = true;
 };
@@ -154,9 +259,11 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
     return std::nullopt;
   if (w.kind != CollKind::kAllReduce && w.kind != CollKind::kAllGather && w.kind != CollKind::kAllToAll)
     return std::nullopt;
-  if (w.send_bytes == 0 || w.send_bytes > kSlotBytes) return std::nullopt;
-  const uint64_t seq = state.shm->next.fetch_add(1, std::memory_order_relaxed) + 1;
-  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, seq);
+  if (w.send_bytes == 0 || w.count == 0 || (settings.shm_max && w.send_bytes > settings.shm_max)) return std::nullopt;
+  const Rounds rounds = rounds_of(w, segs->size());
+  if (rounds.count == 0) return std::nullopt;
+  const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;
+  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first);
   Request result(op->result());
   Driver::of(ci.context().engine()).launch(std::move(op));
   return result;

@@ -56,7 +56,7 @@ class CommImpl : public Progressable {
 
   bool progress() override;
 
-  // The shared segments of small collectives (host_segments.h), or null: then no rank of
+  // The shared segments of collectives on one host (host_segments.h), or null: then no rank of
   // this communicator has them.
   const std::shared_ptr<HostSegments>& segments() const { return segments_; }
 

@@ -1,6 +1,7 @@
-// HostSegments: one small shared-memory segment per rank of a communicator whose ranks
-// all run on this host with no device but the CPU, each mapped by every rank. The collectives
-// layer runs small collectives through them (collectives/shm_coll.h) instead of messages.
+// HostSegments: one shared-memory segment (about 1 MiB) per rank of a communicator whose
+// ranks all run on this host with no device but the CPU, each mapped by every rank. The
+// collectives layer runs all_reduce, all_gather and all_to_all through them
+// (collectives/shm_coll.h) instead of messages.
 //
 // Each rank's segment is a shareable host allocation of its own, made by the cpu provider
 // itself (memfd memory; not through Context::alloc, which may hand host memory to a net
@@ -24,7 +25,7 @@ struct LoadedProvider;
 
 class HostSegments {
  public:
-  static constexpr std::size_t kBytes = 16 << 10;
+  static constexpr std::size_t kBytes = 1040 << 10;
 
   // `own`: this rank's segment, from cpu's mem_alloc; freed with it.
   HostSegments(LoadedProvider* cpu, void* own, int rank, int size);

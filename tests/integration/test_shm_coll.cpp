@@ -1,11 +1,13 @@
-// Small collectives over shared segments (collectives/shm_coll.h), in real processes:
-// exact results with several in flight (slots reused only once every rank read them), and
-// the message path still right with them turned off. A lost peer failing a pending one is
+// Collectives over shared segments (collectives/shm_coll.h), in real processes: exact
+// results with several in flight (slots reused only once every rank read them), small ones
+// and ones of several rounds, and the message path still right with them turned off. A lost peer failing a pending one is
 // in test_collectives.cpp ("a lost peer fails the collective on the survivors").
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
 
+#include "collectives/comm_state.h"
+#include "collectives/shm_coll.h"
 #include "core/comm_impl.h"
 #include "hmc/collectives.h"
 #include "multiprocess.h"
@@ -71,8 +73,69 @@ int check_rounds(RankEnv& e, bool expect_segments) {
   return 0;
 }
 
-void run(int ranks, bool on) {
-  auto exits = test::run_ranks(ranks, shm(on), [on](RankEnv& e) { return check_rounds(e, on); });
+// Collectives of several rounds (kSlotBytes per rank each), with lengths that divide into
+// neither rounds nor shares, in place and not, all in flight at once.
+int check_large(RankEnv& e) {
+  const int n = e.size, me = e.rank;
+  const std::size_t reduce_count = coll::kSlotBytes / 4 * 2 + 1001;   // three rounds, shares uneven
+  const std::size_t gather_count = coll::kSlotBytes / 4 + 333;         // per rank: two rounds
+  const std::size_t block = coll::kSlotBytes / 4 / n + 77;             // per block: two rounds
+  for (bool in_place : {false, true}) {
+    const int k = in_place ? 1 : 0;
+    std::vector<int32_t> rs(reduce_count), rr(reduce_count, -1), gs(gather_count), gr(gather_count * n, -1),
+        as(block * n), ar(block * n, -1);
+    for (std::size_t i = 0; i < reduce_count; ++i) rs[i] = in(k, me, i);
+    for (std::size_t i = 0; i < gather_count; ++i) gs[i] = in(k + 2, me, i);
+    for (std::size_t i = 0; i < block * n; ++i) as[i] = in(k + 4, me, i);
+    if (in_place) {
+      rr = rs;
+      std::copy(gs.begin(), gs.end(), gr.begin() + me * gather_count);
+      ar = as;
+    }
+    std::vector<Request> reqs;
+    reqs.push_back(all_reduce(e.comm, in_place ? rr.data() : rs.data(), rr.data(), reduce_count, DataType::kInt32,
+                              ReduceOp::kSum));
+    reqs.push_back(all_gather(e.comm, in_place ? gr.data() + me * gather_count : gs.data(), gr.data(), gather_count,
+                              DataType::kInt32));
+    reqs.push_back(all_to_all(e.comm, in_place ? ar.data() : as.data(), ar.data(), block, DataType::kInt32));
+    for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) HMC_EXPECT_OK(it->wait(kWait));
+    const std::string form = in_place ? " (in place)" : "";
+    for (std::size_t i = 0; i < reduce_count; ++i) {
+      int32_t want = 0;
+      for (int r = 0; r < n; ++r) want += in(k, r, i);
+      HMC_EXPECT(rr[i] == want, "all_reduce" + form + " element " + std::to_string(i));
+    }
+    for (std::size_t j = 0; j < gr.size(); ++j)
+      HMC_EXPECT(gr[j] == in(k + 2, static_cast<int>(j / gather_count), j % gather_count),
+                 "all_gather" + form + " element " + std::to_string(j));
+    for (std::size_t j = 0; j < ar.size(); ++j)
+      HMC_EXPECT(ar[j] == in(k + 4, static_cast<int>(j / block), me * block + j % block),
+                 "all_to_all" + form + " element " + std::to_string(j));
+  }
+  return 0;
+}
+
+// With HMC_SHM_COLL_MAX=4K, a 12-byte all_reduce takes one sequence number of the segments
+// and one of 1.2 MB none (it goes through messages), and both are right. No vendor
+// library (the fake one in collectives.ccl-fake) takes them first.
+int check_limit(RankEnv& e) {
+  const int n = e.size;
+  auto& seq = coll::comm_state(e.comm.impl()).shm->next;
+  for (std::size_t count : {std::size_t{3}, std::size_t{300000}}) {
+    std::vector<int32_t> v(count, e.rank + 1);
+    const uint64_t before = seq.load();
+    HMC_EXPECT_OK(all_reduce(e.comm, v.data(), v.data(), count, DataType::kInt32, ReduceOp::kSum).wait(kWait));
+    const uint64_t used = seq.load() - before;
+    HMC_EXPECT(used == (count == 3 ? 1u : 0u), std::to_string(count) + " elements took " + std::to_string(used) + " rounds");
+    for (int32_t x : v) HMC_EXPECT(x == n * (n + 1) / 2, "all_reduce of " + std::to_string(count));
+  }
+  return 0;
+}
+
+void run(int ranks, bool on, int (*body)(RankEnv&, bool), std::map<std::string, std::string> env = {}) {
+  auto s = shm(on);
+  s.insert(env.begin(), env.end());
+  auto exits = test::run_ranks(ranks, s, [on, body](RankEnv& e) { return body(e, on); });
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
@@ -81,10 +144,22 @@ void run(int ranks, bool on) {
 
 TEST_CASE("small collectives over shared segments are exact with several in flight", "[collectives][shm]") {
   for (int n = 2; n <= 4; ++n) {
-    DYNAMIC_SECTION(n << " ranks") { run(n, true); }
+    DYNAMIC_SECTION(n << " ranks") { run(n, true, check_rounds); }
+  }
+}
+
+TEST_CASE("collectives of several rounds over shared segments are exact, in place and not", "[collectives][shm]") {
+  for (int n = 2; n <= 4; ++n) {
+    DYNAMIC_SECTION(n << " ranks") {
+      run(n, true, [](RankEnv& e, bool) { return check_large(e); });
+    }
   }
 }
 
 TEST_CASE("small collectives stay exact on messages with HMC_SHM_COLL=0", "[collectives][shm]") {
-  run(3, false);
+  run(3, false, check_rounds);
+}
+
+TEST_CASE("HMC_SHM_COLL_MAX keeps larger collectives on messages", "[collectives][shm]") {
+  run(3, true, [](RankEnv& e, bool) { return check_limit(e); }, {{"HMC_SHM_COLL_MAX", "4K"}, {"HMC_CCL", "off"}});
 }
