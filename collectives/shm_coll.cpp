@@ -108,20 +108,28 @@ class ShmColl final : public DriverOp {
   const uint8_t* data(int r, uint64_t s) const { return segs_->of(r) + data_off(slot(s)); }
 
   // Round `round`'s input into this rank's slot, once every rank finished reading what that
-  // slot held (two rounds ago).
+  // slot held (two rounds ago). all_gather and all_to_all copy this rank's own block of the
+  // result then too, while the others read, rather than through the slot.
   bool publish(uint64_t round) {
     const uint64_t s = seq(round);
+    const int me = segs_->rank();
     for (int r = 0; r < segs_->size(); ++r)
       if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) + 2 < s) return false;
     uint8_t* dst = own() + data_off(slot(s));
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
     if (w_.kind == CollKind::kAllToAll) {
-      for (int p = 0; p < segs_->size(); ++p) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
+      for (int p = 0; p < segs_->size(); ++p)
+        if (p != me) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
     } else {
       std::memcpy(dst, src + off, len);
     }
     word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
+    if (w_.kind == CollKind::kAllGather || w_.kind == CollKind::kAllToAll) {
+      const std::size_t from = w_.kind == CollKind::kAllToAll ? me * rounds_.total : 0;
+      uint8_t* to = static_cast<uint8_t*>(w_.recv) + me * rounds_.total + off;
+      if (to != src + from + off) std::memcpy(to, src + from + off, len);  // in place: already there
+    }
     return true;
   }
 
@@ -166,11 +174,13 @@ class ShmColl final : public DriverOp {
     auto* out = static_cast<uint8_t*>(w_.recv);
     switch (w_.kind) {
       case CollKind::kAllReduce: return reduce_range(out + off, s, 0, len);
-      case CollKind::kAllGather:
-        for (int r = 0; r < n; ++r) std::memcpy(out + r * rounds_.total + off, data(r, s), len);
+      case CollKind::kAllGather:  // this rank's own block came with publish()
+        for (int r = 0; r < n; ++r)
+          if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s), len);
         return {};
       case CollKind::kAllToAll:
-        for (int r = 0; r < n; ++r) std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
+        for (int r = 0; r < n; ++r)
+          if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
         return {};
       default: return {ErrorCode::kInternal, "no shared-segment form of this collective"};
     }
