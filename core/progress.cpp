@@ -95,7 +95,12 @@ bool ProgressEngine::progress() {
   }
   ++depth;
   bool any = false;
-  for (auto& poll : *pollers) any |= poll();
+  // While shared-segment collectives are pending their waiters poll as fast as they can;
+  // the providers' pollers (a UCX worker's progress among them) run on every 16th pass.
+  thread_local unsigned passes = 0;
+  const bool light = segment_waits_.load(std::memory_order_relaxed) > 0 && ++passes % 16 != 0;
+  if (!light)
+    for (auto& poll : *pollers) any |= poll();
   for (Progressable* p : items) any |= p->progress();
   --depth;
   return any;
