@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -270,14 +271,34 @@ Status CommImpl::finalize() {
   HMC_RETURN_IF_ERROR(usable());
   auto deadline = ctx_.deadline();
   // Let in-flight sends drain, then agree that everyone is done before closing anything.
-  ctx_.engine()->wait_until([&] {
+  const bool drained = ctx_.engine()->wait_until([&] {
     std::lock_guard lock(mu_);
     if (dev_.busy()) return false;
     for (auto& p : peers_)
       if (!p.inflight.empty() || !p.rndv_sends.empty()) return false;
     return true;
   }, deadline);
-  Status s = bootstrap_->barrier(deadline);
+  if (!drained) {
+    std::lock_guard lock(mu_);
+    std::string what;
+    for (auto& p : peers_)
+      if (!p.inflight.empty() || !p.rndv_sends.empty())
+        what += " rank " + std::to_string(p.rank) + ": " + std::to_string(p.inflight.size()) + " messages, " +
+                std::to_string(p.rndv_sends.size()) + " rendezvous sends;";
+    HMC_LOG("core", warn, "finalize: sends still pending at the deadline (device copies busy: {}):{}", dev_.busy(), what);
+  }
+  // This rank keeps answering its peers during the barrier: a peer still draining may be
+  // waiting for the refusal of a rendezvous send that only reaches us now (its receive
+  // here failed or never came), and would otherwise hold everyone until the deadline.
+  std::atomic<bool> barrier_done{false};
+  Status s;
+  std::thread barrier([&] {
+    s = bootstrap_->barrier(deadline);
+    barrier_done = true;
+    ctx_.engine()->wake();
+  });
+  ctx_.engine()->wait_until([&] { return barrier_done.load(); }, Clock::time_point::max());
+  barrier.join();
   std::lock_guard lock(mu_);
   state_ = 1;
   fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});

@@ -86,6 +86,34 @@ TEST_CASE("messages match by tag, in order, expected or not", "[p2p]") {
   }
 }
 
+TEST_CASE("finalize refuses a rendezvous send that arrives while it waits for the others", "[p2p]") {
+  // Rank 1 posts a receive too small for rank 0's rendezvous send and finalizes at once,
+  // so the send reaches it only during finalize's barrier. Rank 1 must still refuse it
+  // there: rank 0's send then fails with kMismatch and both leave well before HMC_TIMEOUT
+  // (before, rank 0's finalize waited the whole timeout for an answer).
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto env = over(provider);
+      env["HMC_TIMEOUT"] = "20s";
+      auto exits = test::run_ranks(2, env, [](RankEnv& e) {
+        const auto start = std::chrono::steady_clock::now();
+        std::vector<uint8_t> buf(e.rank == 0 ? (1 << 20) : 16, 0x5A);
+        if (e.rank == 0) usleep(300000);
+        Request r = e.rank == 0 ? e.comm.isend(buf.data(), buf.size(), 1, 7) : e.comm.irecv(buf.data(), buf.size(), 0, 7);
+        HMC_EXPECT_OK(e.comm.finalize());
+        const Status got = r.wait(std::chrono::seconds(1));
+        HMC_EXPECT(got.code() == ErrorCode::kMismatch, "expected kMismatch, got " + got.to_string());
+        const auto took = std::chrono::steady_clock::now() - start;
+        HMC_EXPECT(took < std::chrono::seconds(10), "finalize took " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms");
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
 TEST_CASE("many small messages in flight at once each keep their own bytes", "[p2p]") {
   // More eager sends than core keeps wire buffers for (32), all posted before the peer
   // receives any: a buffer taken again while its send is still queued would show here.
