@@ -113,9 +113,15 @@ void CollOp::abandon(Status why) {
   scratch_.leak();  // the context that owns device scratch is going away
 }
 
+// What is ready is posted whole even when one of it fails at once (a receive matching a
+// message of another size): a group's operations are posted together, and a receive left
+// unposted would leave the peer's rendezvous send unanswered, holding its finalize() for
+// HMC_TIMEOUT. Nothing that becomes ready after a failure is posted.
 bool CollOp::post_ready() {
+  if (finished_) return false;
   bool any = false;
-  while (p2p_head_ < ready_p2p_.size() && !finished_) {
+  const std::size_t batch = ready_p2p_.size();
+  while (p2p_head_ < ready_p2p_.size() && (!finished_ || p2p_head_ < batch)) {
     ActionId id = ready_p2p_[p2p_head_++];
     const Action& a = sched_.at(id);
     uint64_t tag = (a.subtag & kReservedBit) ? a.subtag : tag_base_ | a.subtag;
@@ -125,7 +131,7 @@ bool CollOp::post_ready() {
       inflight_.emplace_back(id, std::move(op));
     } else if (Status s = op->status(); !s.ok()) {
       fail(s);
-    } else {
+    } else if (!finished_) {
       done(id);
     }
   }
