@@ -32,23 +32,27 @@ std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
 }
 
+// Collectives whose input is one block per rank (block r goes to rank r).
+bool per_rank_blocks(CollKind k) { return k == CollKind::kAllToAll || k == CollKind::kReduceScatter; }
+
 // How a collective is cut into rounds of at most one slot per rank: `chunk` bytes of each
-// rank's input (all_gather), of each element range (all_reduce) or of each block (all_to_all).
+// rank's input (all_gather), of the buffer (all_reduce, broadcast) or of each block
+// (all_to_all, reduce_scatter), whole elements where they are reduced.
 struct Rounds {
-  std::size_t total = 0;  // bytes to cover: the input, or one all_to_all block
+  std::size_t total = 0;  // bytes to cover: the input, or one block
   std::size_t chunk = 0;
   uint64_t count = 0;
 };
 
 Rounds rounds_of(const CclWork& w, int n) {
   Rounds r;
-  if (w.kind == CollKind::kAllToAll) {
+  const std::size_t elem = dtype_size(w.dtype);
+  if (per_rank_blocks(w.kind)) {
     r.total = w.send_bytes / n;
     r.chunk = kSlotBytes / n;
-    if (r.chunk > 64) r.chunk &= ~std::size_t{63};
+    r.chunk = r.chunk > 64 ? r.chunk & ~std::size_t{63} : r.chunk / elem * elem;
   } else {
     r.total = w.send_bytes;
-    const std::size_t elem = w.send_bytes / w.count;
     r.chunk = kSlotBytes / elem * elem;
   }
   r.count = r.chunk ? (r.total + r.chunk - 1) / r.chunk : 0;
@@ -118,10 +122,12 @@ class ShmColl final : public DriverOp {
     uint8_t* dst = own() + data_off(slot(s));
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
-    if (w_.kind == CollKind::kAllToAll) {
+    if (per_rank_blocks(w_.kind)) {
+      // reduce_scatter reads its own block from the slot too: in place, the result
+      // overwrites it while the reduction still needs it.
       for (int p = 0; p < segs_->size(); ++p)
-        if (p != me) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
-    } else {
+        if (p != me || w_.kind == CollKind::kReduceScatter) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
+    } else if (w_.kind != CollKind::kBroadcast || me == w_.root) {
       std::memcpy(dst, src + off, len);
     }
     word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
@@ -182,6 +188,10 @@ class ShmColl final : public DriverOp {
         for (int r = 0; r < n; ++r)
           if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
         return {};
+      case CollKind::kReduceScatter: return reduce_range(out + off, s, me * len, me * len + len);
+      case CollKind::kBroadcast:
+        if (me != w_.root) std::memcpy(out + off, data(w_.root, s), len);
+        return {};
       default: return {ErrorCode::kInternal, "no shared-segment form of this collective"};
     }
   }
@@ -189,7 +199,7 @@ class ShmColl final : public DriverOp {
   // dst = the reduction, in rank order, of every rank's bytes [lo, hi) of the round.
   Status reduce_range(uint8_t* dst, uint64_t s, std::size_t lo, std::size_t hi) {
     if (lo >= hi) return {};
-    const std::size_t elem = w_.send_bytes / w_.count, count = (hi - lo) / elem;
+    const std::size_t count = (hi - lo) / dtype_size(w_.dtype);
     const bool avg = *w_.op == ReduceOp::kAvg;
     const ReduceOp op = avg ? ReduceOp::kSum : *w_.op;
     std::memcpy(dst, data(0, s) + lo, hi - lo);
@@ -201,7 +211,7 @@ class ShmColl final : public DriverOp {
 
   // Rank r's share of a round's bytes: whole elements, on cache-line multiples where it can.
   std::pair<std::size_t, std::size_t> share(int r) const {
-    const std::size_t len = length(current_), elem = w_.send_bytes / w_.count, n = segs_->size();
+    const std::size_t len = length(current_), elem = dtype_size(w_.dtype), n = segs_->size();
     std::size_t per = (len / elem + n - 1) / n * elem;
     if (per > 64 && 64 % elem == 0) per = (per + 63) & ~std::size_t{63};
     return {std::min(r * per, len), std::min((r + 1) * per, len)};
@@ -267,7 +277,8 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   const CollSettings& settings = state.settings;
   if (!segs || opt.stream || !opt.algorithm.empty() || settings.algo_set || opt.check.value_or(settings.check))
     return std::nullopt;
-  if (w.kind != CollKind::kAllReduce && w.kind != CollKind::kAllGather && w.kind != CollKind::kAllToAll)
+  if (w.kind != CollKind::kAllReduce && w.kind != CollKind::kAllGather && w.kind != CollKind::kAllToAll &&
+      w.kind != CollKind::kReduceScatter && w.kind != CollKind::kBroadcast)
     return std::nullopt;
   if (w.send_bytes == 0 || w.count == 0 || (settings.shm_max && w.send_bytes > settings.shm_max)) return std::nullopt;
   const Rounds rounds = rounds_of(w, segs->size());

@@ -1,15 +1,16 @@
-// ShmColl: all_reduce, all_gather and all_to_all over the communicator's shared host
-// segments (core/host_segments.h), when every rank runs on this host and has no device but
-// the CPU.
+// ShmColl: all_reduce, all_gather, all_to_all, reduce_scatter and broadcast over the
+// communicator's shared host segments (core/host_segments.h), when every rank runs on this
+// host and has no device but the CPU.
 //
 // A collective runs in rounds of up to kSlotBytes of each rank's input. In a round each
 // rank copies its part into one of the two slots of its own segment and publishes the
 // round's sequence number there; once every rank's number is up it copies its result out
 // of all slots, and publishes that it is done reading. A slot is written again two rounds
 // later, once every rank is done with it, so the next round's input goes in while this
-// one is read. all_reduce reduces in rank order, so every rank gets the same bits: small
-// rounds whole on every rank; larger ones a share per rank, published in the rank's own
-// slot for the others to gather. Nothing here blocks: what cannot happen yet waits for
+// one is read. Reductions run in rank order, so every rank gets the same bits. all_reduce
+// reduces small rounds whole on every rank, larger ones a share per rank, published in the
+// rank's own slot for the others to gather; reduce_scatter reduces each rank's block on
+// that rank. In a broadcast only the root's slot carries data. Nothing here blocks: what cannot happen yet waits for
 // the next progress pass (collectives/driver.h). A peer lost or the communicator aborted
 // fails a pending collective with that reason.
 #pragma once

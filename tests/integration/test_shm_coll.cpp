@@ -2,6 +2,7 @@
 // results with several in flight (slots reused only once every rank read them), small ones
 // and ones of several rounds, and the message path still right with them turned off. A lost peer failing a pending one is
 // in test_collectives.cpp ("a lost peer fails the collective on the survivors").
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
@@ -115,6 +116,31 @@ int check_large(RankEnv& e) {
   return 0;
 }
 
+// reduce_scatter (in place and not) and broadcast from the last rank, of two rounds each,
+// in flight together.
+int check_large_scatter_broadcast(RankEnv& e) {
+  const int n = e.size, me = e.rank, root = n - 1;
+  const std::size_t block = coll::kSlotBytes / 4 / n + 77, count = coll::kSlotBytes / 4 + 555;
+  std::vector<int32_t> send(block * n), out(block, -1), inplace(block * n), bc(count, -1);
+  for (std::size_t i = 0; i < block * n; ++i) send[i] = inplace[i] = in(6, me, i);
+  if (me == root)
+    for (std::size_t i = 0; i < count; ++i) bc[i] = in(7, root, i);
+  std::vector<Request> reqs;
+  reqs.push_back(reduce_scatter(e.comm, send.data(), out.data(), block, DataType::kInt32, ReduceOp::kSum));
+  reqs.push_back(broadcast(e.comm, bc.data(), count, DataType::kInt32, root));
+  int32_t* mine = inplace.data() + me * block;
+  reqs.push_back(reduce_scatter(e.comm, inplace.data(), mine, block, DataType::kInt32, ReduceOp::kMax));
+  for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) HMC_EXPECT_OK(it->wait(kWait));
+  for (std::size_t i = 0; i < block; ++i) {
+    int32_t sum = 0, max = in(6, 0, me * block + i);
+    for (int r = 0; r < n; ++r) sum += in(6, r, me * block + i), max = std::max(max, in(6, r, me * block + i));
+    HMC_EXPECT(out[i] == sum, "reduce_scatter element " + std::to_string(i));
+    HMC_EXPECT(mine[i] == max, "reduce_scatter (in place) element " + std::to_string(i));
+  }
+  for (std::size_t i = 0; i < count; ++i) HMC_EXPECT(bc[i] == in(7, root, i), "broadcast element " + std::to_string(i));
+  return 0;
+}
+
 // With HMC_SHM_COLL_MAX=4K, a 12-byte all_reduce takes one sequence number of the segments
 // and one of 1.2 MB none (it goes through messages), and both are right. No vendor
 // library (the fake one in collectives.ccl-fake) takes them first.
@@ -151,7 +177,10 @@ TEST_CASE("small collectives over shared segments are exact with several in flig
 TEST_CASE("collectives of several rounds over shared segments are exact, in place and not", "[collectives][shm]") {
   for (int n = 2; n <= 4; ++n) {
     DYNAMIC_SECTION(n << " ranks") {
-      run(n, true, [](RankEnv& e, bool) { return check_large(e); });
+      run(n, true, [](RankEnv& e, bool) {
+        if (int rc = check_large(e)) return rc;
+        return check_large_scatter_broadcast(e);
+      });
     }
   }
 }
