@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "core/log.h"
@@ -292,13 +293,17 @@ Status CommImpl::finalize() {
   // here failed or never came), and would otherwise hold everyone until the deadline.
   std::atomic<bool> barrier_done{false};
   Status s;
-  std::thread barrier([&] {
+  try {
+    std::thread barrier([&] {
+      s = bootstrap_->barrier(deadline);
+      barrier_done = true;
+      ctx_.engine()->wake();
+    });
+    ctx_.engine()->wait_until([&] { return barrier_done.load(); }, Clock::time_point::max());
+    barrier.join();
+  } catch (const std::system_error&) {  // no thread to be had: the barrier without answering
     s = bootstrap_->barrier(deadline);
-    barrier_done = true;
-    ctx_.engine()->wake();
-  });
-  ctx_.engine()->wait_until([&] { return barrier_done.load(); }, Clock::time_point::max());
-  barrier.join();
+  }
   std::lock_guard lock(mu_);
   state_ = 1;
   fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});

@@ -1,7 +1,8 @@
 // Collectives over shared segments (collectives/shm_coll.h), in real processes: exact
 // results with several in flight (slots reused only once every rank read them), small ones
-// and ones of several rounds, and the message path still right with them turned off. A lost peer failing a pending one is
-// in test_collectives.cpp ("a lost peer fails the collective on the survivors").
+// and ones of several rounds, and the message path still right with them turned off. A
+// lost peer failing a pending one is in test_collectives.cpp ("a lost peer fails the
+// collective on the survivors").
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
