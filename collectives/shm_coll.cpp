@@ -46,6 +46,10 @@ struct Rounds {
 
 Rounds rounds_of(const CclWork& w, int n) {
   Rounds r;
+  if (w.kind == CollKind::kBarrier) {
+    r.count = 1;  // a round with no data
+    return r;
+  }
   const std::size_t elem = dtype_size(w.dtype);
   if (per_rank_blocks(w.kind)) {
     r.total = w.send_bytes / n;
@@ -127,7 +131,7 @@ class ShmColl final : public DriverOp {
       // overwrites it while the reduction still needs it.
       for (int p = 0; p < segs_->size(); ++p)
         if (p != me || w_.kind == CollKind::kReduceScatter) std::memcpy(dst + p * len, src + p * rounds_.total + off, len);
-    } else if (w_.kind != CollKind::kBroadcast || me == w_.root) {
+    } else if (len && (w_.kind != CollKind::kBroadcast || me == w_.root)) {
       std::memcpy(dst, src + off, len);
     }
     word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
@@ -192,6 +196,7 @@ class ShmColl final : public DriverOp {
       case CollKind::kBroadcast:
         if (me != w_.root) std::memcpy(out + off, data(w_.root, s), len);
         return {};
+      case CollKind::kBarrier: return {};
       default: return {ErrorCode::kInternal, "no shared-segment form of this collective"};
     }
   }
@@ -277,10 +282,17 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   const CollSettings& settings = state.settings;
   if (!segs || opt.stream || !opt.algorithm.empty() || settings.algo_set || opt.check.value_or(settings.check))
     return std::nullopt;
-  if (w.kind != CollKind::kAllReduce && w.kind != CollKind::kAllGather && w.kind != CollKind::kAllToAll &&
-      w.kind != CollKind::kReduceScatter && w.kind != CollKind::kBroadcast)
-    return std::nullopt;
-  if (w.send_bytes == 0 || w.count == 0 || (settings.shm_max && w.send_bytes > settings.shm_max)) return std::nullopt;
+  switch (w.kind) {
+    case CollKind::kBarrier: break;
+    case CollKind::kAllReduce:
+    case CollKind::kAllGather:
+    case CollKind::kAllToAll:
+    case CollKind::kReduceScatter:
+    case CollKind::kBroadcast:
+      if (w.send_bytes == 0 || w.count == 0 || (settings.shm_max && w.send_bytes > settings.shm_max)) return std::nullopt;
+      break;
+    default: return std::nullopt;
+  }
   const Rounds rounds = rounds_of(w, segs->size());
   if (rounds.count == 0) return std::nullopt;
   const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;

@@ -3,8 +3,11 @@
 // and ones of several rounds, and the message path still right with them turned off. A
 // lost peer failing a pending one is in test_collectives.cpp ("a lost peer fails the
 // collective on the survivors").
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -142,6 +145,29 @@ int check_large_scatter_broadcast(RankEnv& e) {
   return 0;
 }
 
+// A barrier over the segments holds every rank until the last one arrives: in each of 20
+// rounds one rank comes 20 ms late, and no rank may leave before it came (CLOCK_MONOTONIC is
+// one clock for every process of the host). Each barrier takes one sequence number.
+int check_barrier(RankEnv& e) {
+  const int n = e.size;
+  auto& seq = coll::comm_state(e.comm.impl()).shm->next;
+  auto now_us = [] { return std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  for (int k = 0; k < 20; ++k) {
+    if (k % n == e.rank) usleep(20000);
+    const int64_t entered = now_us(), before = static_cast<int64_t>(seq.load());
+    HMC_EXPECT_OK(barrier(e.comm).wait(kWait));
+    const int64_t left = now_us();
+    HMC_EXPECT(static_cast<int64_t>(seq.load()) == before + 1, "barrier took no round of the segments");
+    std::vector<int64_t> all(n);
+    HMC_EXPECT_OK(all_gather(e.comm, &entered, all.data(), 1, DataType::kInt64).wait(kWait));
+    const int64_t last = *std::max_element(all.begin(), all.end());
+    HMC_EXPECT(left >= last, "round " + std::to_string(k) + ": left " + std::to_string(last - left) +
+                                 " us before the last rank arrived");
+  }
+  return 0;
+}
+
 // With HMC_SHM_COLL_MAX=4K, a 12-byte all_reduce takes one sequence number of the segments
 // and one of 1.2 MB none (it goes through messages), and both are right. No vendor
 // library (the fake one in collectives.ccl-fake) takes them first.
@@ -192,4 +218,12 @@ TEST_CASE("small collectives stay exact on messages with HMC_SHM_COLL=0", "[coll
 
 TEST_CASE("HMC_SHM_COLL_MAX keeps larger collectives on messages", "[collectives][shm]") {
   run(3, true, [](RankEnv& e, bool) { return check_limit(e); }, {{"HMC_SHM_COLL_MAX", "4K"}, {"HMC_CCL", "off"}});
+}
+
+TEST_CASE("a barrier over shared segments holds every rank until the last arrives", "[collectives][shm]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION(n << " ranks") {
+      run(n, true, [](RankEnv& e, bool) { return check_barrier(e); }, {{"HMC_CCL", "off"}});
+    }
+  }
 }
