@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "collectives/comm_state.h"
 #include "collectives/driver.h"
@@ -155,13 +156,19 @@ class ShmColl final : public DriverOp {
     if (!reduced_) {
       // This rank finished the collective before this one, and every rank's input is up.
       if (state_->finished.load(std::memory_order_acquire) + 1 != s || !everyone_at(seq_off, s)) return {};
-      if (w_.kind == CollKind::kAllReduce && length(current_) * (segs_->size() - 1) > kWholeReduceMax) {
+      if (by_shares()) {
         HMC_RETURN_IF_ERROR(reduce_share(s));
-        reduced_ = moved = true;
         word(own(), red_off(slot(s))).store(s, std::memory_order_release);
-        return {};
+        moved = true;
+        // A reduce's other ranks are done once their share is up: their slot is not written
+        // again before the root, gathering, is done with it too.
+        if (w_.kind == CollKind::kAllReduce || segs_->rank() == w_.root) {
+          reduced_ = true;
+          return {};
+        }
+      } else {
+        HMC_RETURN_IF_ERROR(compute(s));
       }
-      HMC_RETURN_IF_ERROR(compute(s));
     } else {
       if (!everyone_at(red_off, s)) return {};
       gather_shares(s);
@@ -184,6 +191,7 @@ class ShmColl final : public DriverOp {
     auto* out = static_cast<uint8_t*>(w_.recv);
     switch (w_.kind) {
       case CollKind::kAllReduce: return reduce_range(out + off, s, 0, len);
+      case CollKind::kReduce: return me == w_.root ? reduce_range(out + off, s, 0, len) : Status{};
       case CollKind::kAllGather:  // this rank's own block came with publish()
         for (int r = 0; r < n; ++r)
           if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s), len);
@@ -222,13 +230,27 @@ class ShmColl final : public DriverOp {
     return {std::min(r * per, len), std::min((r + 1) * per, len)};
   }
 
-  // This rank's share reduced into the output and into its own slot, where the others
-  // read it (no other rank reads this rank's input there).
+  // Whether this round is reduced a share per rank (else whole, on every rank that needs it).
+  bool by_shares() const {
+    return (w_.kind == CollKind::kAllReduce || w_.kind == CollKind::kReduce) &&
+           length(current_) * (segs_->size() - 1) > kWholeReduceMax;
+  }
+
+  // This rank's share reduced into its own slot, where the others (a reduce's root) read it
+  // (no other rank reads this rank's input there), and into the output where it has one.
   Status reduce_share(uint64_t s) {
-    auto [lo, hi] = share(segs_->rank());
-    uint8_t* out = static_cast<uint8_t*>(w_.recv) + offset(current_);
-    HMC_RETURN_IF_ERROR(reduce_range(out + lo, s, lo, hi));
-    std::memcpy(own() + data_off(slot(s)) + lo, out + lo, hi - lo);
+    const int me = segs_->rank();
+    auto [lo, hi] = share(me);
+    const bool root_of_reduce = w_.kind == CollKind::kReduce && me == w_.root;
+    uint8_t* dst = nullptr;
+    if (w_.kind == CollKind::kAllReduce || root_of_reduce) {
+      dst = static_cast<uint8_t*>(w_.recv) + offset(current_) + lo;
+    } else {
+      scratch_.resize(hi - lo);
+      dst = scratch_.data();
+    }
+    HMC_RETURN_IF_ERROR(reduce_range(dst, s, lo, hi));
+    if (!root_of_reduce) std::memcpy(own() + data_off(slot(s)) + lo, dst, hi - lo);
     return {};
   }
 
@@ -271,6 +293,7 @@ class ShmColl final : public DriverOp {
   uint64_t published_ = 0;  // rounds whose input is in the slots
   uint64_t current_ = 0;    // the round being read
   bool reduced_ = false;    // the current round's share is reduced and published
+  std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output
   bool finished_ = false;
   bool waiting_ = true;
 };
@@ -285,6 +308,7 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   switch (w.kind) {
     case CollKind::kBarrier: break;
     case CollKind::kAllReduce:
+    case CollKind::kReduce:
     case CollKind::kAllGather:
     case CollKind::kAllToAll:
     case CollKind::kReduceScatter:

@@ -1,6 +1,6 @@
-// ShmColl: all_reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier over
-// the communicator's shared host segments (core/host_segments.h), when every rank runs on
-// this host and has no device but the CPU.
+// ShmColl: all_reduce, reduce, all_gather, all_to_all, reduce_scatter, broadcast and
+// barrier over the communicator's shared host segments (core/host_segments.h), when every
+// rank runs on this host and has no device but the CPU.
 //
 // A collective runs in rounds of up to kSlotBytes of each rank's input. In a round each
 // rank copies its part into one of the two slots of its own segment and publishes the
@@ -9,8 +9,8 @@
 // later, once every rank is done with it, so the next round's input goes in while this
 // one is read. Reductions run in rank order, so every rank gets the same bits. all_reduce
 // reduces small rounds whole on every rank, larger ones a share per rank, published in the
-// rank's own slot for the others to gather; reduce_scatter reduces each rank's block on
-// that rank. In a broadcast only the root's slot carries data; a barrier is one round with
+// rank's own slot for the others to gather; reduce does the same for its root alone;
+// reduce_scatter reduces each rank's block on that rank. In a broadcast only the root's slot carries data; a barrier is one round with
 // none. Nothing here blocks: what cannot happen yet waits for
 // the next progress pass (collectives/driver.h). A peer lost or the communicator aborted
 // fails a pending collective with that reason.

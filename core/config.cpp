@@ -117,7 +117,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_COLL_MAX_CHUNKS", ParamType::kInt, "64", "larger collectives use chunks of size/HMC_COLL_MAX_CHUNKS instead (fewer handshakes; set alike on every rank)"},
       {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
-      {"HMC_SHM_COLL", ParamType::kBool, "1", "all_reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
+      {"HMC_SHM_COLL", ParamType::kBool, "1", "all_reduce, reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
       {"HMC_SHM_COLL_MAX", ParamType::kSize, "0", "only collectives of up to this much input per rank go through the shared-memory segments of HMC_SHM_COLL; 0: no limit (set alike on every rank; 4K suits buffers from Context::alloc(kShareable), see docs/collectives.md)"},
       {"HMC_YIELD_EVERY", ParamType::kInt, "0", "while a collective over shared segments is pending, a waiting thread calls sched_yield after this many unproductive polls (else after each); 0: 8 while this host's ranks have a CPU each, else 1"},
       {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},

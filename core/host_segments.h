@@ -1,7 +1,7 @@
 // HostSegments: one shared-memory segment (about 1 MiB) per rank of a communicator whose
 // ranks all run on this host with no device but the CPU, each mapped by every rank. The
-// collectives layer runs all_reduce, all_gather, all_to_all, reduce_scatter, broadcast and
-// barrier through them (collectives/shm_coll.h) instead of messages.
+// collectives layer runs all_reduce, reduce, all_gather, all_to_all, reduce_scatter,
+// broadcast and barrier through them (collectives/shm_coll.h) instead of messages.
 //
 // Each rank's segment is a shareable host allocation of its own, made by the cpu provider
 // itself (memfd memory; not through Context::alloc, which may hand host memory to a net

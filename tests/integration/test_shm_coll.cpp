@@ -121,8 +121,9 @@ int check_large(RankEnv& e) {
 }
 
 // reduce_scatter (in place and not) and broadcast from the last rank, of two rounds each,
-// in flight together.
-int check_large_scatter_broadcast(RankEnv& e) {
+// and reduce to rank 0, of three rounds of shares and of one round reduced whole, in
+// flight together.
+int check_large_rooted(RankEnv& e) {
   const int n = e.size, me = e.rank, root = n - 1;
   const std::size_t block = coll::kSlotBytes / 4 / n + 77, count = coll::kSlotBytes / 4 + 555;
   std::vector<int32_t> send(block * n), out(block, -1), inplace(block * n), bc(count, -1);
@@ -134,7 +135,19 @@ int check_large_scatter_broadcast(RankEnv& e) {
   reqs.push_back(broadcast(e.comm, bc.data(), count, DataType::kInt32, root));
   int32_t* mine = inplace.data() + me * block;
   reqs.push_back(reduce_scatter(e.comm, inplace.data(), mine, block, DataType::kInt32, ReduceOp::kMax));
+  const std::size_t big = coll::kSlotBytes / 4 * 2 + 1001, small = 5;
+  std::vector<int32_t> rin(big), rbig(big, -1), rsmall(small, -1);
+  for (std::size_t i = 0; i < big; ++i) rin[i] = in(8, me, i);
+  reqs.push_back(reduce(e.comm, rin.data(), rbig.data(), big, DataType::kInt32, ReduceOp::kSum, 0));
+  reqs.push_back(reduce(e.comm, rin.data(), rsmall.data(), small, DataType::kInt32, ReduceOp::kSum, 0));
   for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) HMC_EXPECT_OK(it->wait(kWait));
+  for (std::size_t i = 0; i < big; ++i) {
+    int32_t sum = 0;
+    for (int r = 0; r < n; ++r) sum += in(8, r, i);
+    const int32_t want = me == 0 ? sum : -1;  // other ranks' receive buffers stay untouched
+    HMC_EXPECT(rbig[i] == want, "reduce element " + std::to_string(i));
+    if (i < small) HMC_EXPECT(rsmall[i] == want, "small reduce element " + std::to_string(i));
+  }
   for (std::size_t i = 0; i < block; ++i) {
     int32_t sum = 0, max = in(6, 0, me * block + i);
     for (int r = 0; r < n; ++r) sum += in(6, r, me * block + i), max = std::max(max, in(6, r, me * block + i));
@@ -206,7 +219,7 @@ TEST_CASE("collectives of several rounds over shared segments are exact, in plac
     DYNAMIC_SECTION(n << " ranks") {
       run(n, true, [](RankEnv& e, bool) {
         if (int rc = check_large(e)) return rc;
-        return check_large_scatter_broadcast(e);
+        return check_large_rooted(e);
       });
     }
   }
