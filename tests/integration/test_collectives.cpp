@@ -526,8 +526,8 @@ int check_everything(RankEnv& e, const std::vector<std::size_t>& counts, const C
 // HMC_PROVIDERS for a test that names its net providers; device runs add the device under test.
 std::map<std::string, std::string> settings(const std::string& providers = "", const std::string& chunk = "") {
   std::map<std::string, std::string> s{{"HMC_TIMEOUT", "60s"}};
-  // Naming the providers means testing them: all_reduce, all_gather and all_to_all would
-  // otherwise go through shared segments (shm_coll.h) and never reach them.
+  // Naming the providers means testing them: most collectives would otherwise go through
+  // the shared segments (shm_coll.h) and never reach them.
   if (!providers.empty()) s["HMC_PROVIDERS"] = providers, s["HMC_SHM_COLL"] = "0";
 #ifdef HMCTEST_DEVICE_BUFFERS
   if (!providers.empty()) s["HMC_PROVIDERS"].append(",").append(test::device_under_test());
