@@ -13,15 +13,15 @@
 namespace hmc::coll {
 namespace {
 
-// Layout of a rank's segment: the last sequence number it finished, then two slots, each
-// with the sequence number whose input it holds, the one whose reduced share it holds
-// (all_reduce), and the data, each on its own cache lines.
+// A rank's segment (core/host_segments.h): the last sequence number it finished, then two
+// slots, each with the sequence number whose input it holds, the one whose reduced share it
+// holds (all_reduce, reduce), and the data.
+using core::HostSegments;
 constexpr std::size_t kDoneOff = 0;
-constexpr std::size_t kSlotStride = 128 + kSlotBytes;
-constexpr std::size_t seq_off(uint64_t b) { return 64 + b * kSlotStride; }
-constexpr std::size_t red_off(uint64_t b) { return 128 + b * kSlotStride; }
-constexpr std::size_t data_off(uint64_t b) { return 192 + b * kSlotStride; }
-static_assert(data_off(1) + kSlotBytes <= core::HostSegments::kBytes);
+constexpr std::size_t seq_off(uint64_t b) { return HostSegments::slot_off(b); }
+constexpr std::size_t red_off(uint64_t b) { return HostSegments::slot_off(b) + 64; }
+constexpr std::size_t data_off(uint64_t b) { return HostSegments::slot_off(b) + HostSegments::kSlotHeader; }
+static_assert(data_off(1) + kSlotBytes <= HostSegments::kBytes);
 
 // An all_reduce round is reduced whole by every rank (one wait) while each rank reads at
 // most this many bytes of the others' inputs so; beyond, each rank reduces a share, then

@@ -21,13 +21,12 @@
 
 #include "collectives/ccl.h"
 #include "collectives/comm_state.h"
+#include "core/host_segments.h"
 #include "hmc/collectives.h"
 
 namespace hmc::coll {
 
-// Bigger slots mean fewer rounds: 2 MiB all_reduce on 2 ranks took 450 us with 64 KiB
-// slots and 190 us with 512 KiB (docs/performance.md). Each rank's segment holds two.
-inline constexpr std::size_t kSlotBytes = 512 << 10;
+inline constexpr std::size_t kSlotBytes = core::HostSegments::kSlotBytes;
 
 // The request of `w` run over the shared segments, or nullopt when this call does not
 // qualify (the same answer on every rank: it depends only on the communicator and on

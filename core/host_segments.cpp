@@ -54,7 +54,10 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
     why = "export: " + provider_error(*cpu);
   std::shared_ptr<HostSegments> segs;
   if (own) {
-    std::memset(own, 0, HostSegments::kBytes);
+    // Only the words: data pages are touched, and committed, as collectives use them.
+    std::memset(own, 0, 64);
+    for (uint64_t b = 0; b < 2; ++b)
+      std::memset(static_cast<uint8_t*>(own) + HostSegments::slot_off(b), 0, HostSegments::kSlotHeader);
     segs = std::make_shared<HostSegments>(cpu, own, rank_, size_);  // frees own when dropped
   }
   handle.resize(why.empty() ? len : 0);

@@ -3,6 +3,7 @@
 // and ones of several rounds, and the message path still right with them turned off. A
 // lost peer failing a pending one is in test_collectives.cpp ("a lost peer fails the
 // collective on the survivors").
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -181,6 +182,24 @@ int check_barrier(RankEnv& e) {
   return 0;
 }
 
+// Small collectives commit only the pages they touch: after a few of them, at most 4 of
+// this rank's segment's 257 pages are resident (mincore), not the whole 1 MiB.
+int check_lazy_pages(RankEnv& e) {
+  for (int k = 0; k < 4; ++k) {
+    int32_t v = e.rank;
+    HMC_EXPECT_OK(all_reduce(e.comm, &v, &v, 1, DataType::kInt32, ReduceOp::kSum).wait(kWait));
+  }
+  const auto& segs = e.comm.impl().segments();
+  HMC_EXPECT(segs != nullptr, "no segments");
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((core::HostSegments::kBytes + page - 1) / page);
+  HMC_EXPECT(mincore(segs->of(e.rank), core::HostSegments::kBytes, resident.data()) == 0, "mincore failed");
+  std::size_t in_memory = 0;
+  for (unsigned char r : resident) in_memory += r & 1;
+  HMC_EXPECT(in_memory <= 4, std::to_string(in_memory) + " of " + std::to_string(resident.size()) + " pages resident");
+  return 0;
+}
+
 // With HMC_SHM_COLL_MAX=4K, a 12-byte all_reduce takes one sequence number of the segments
 // and one of 1.2 MB none (it goes through messages), and both are right. No vendor
 // library (the fake one in collectives.ccl-fake) takes them first.
@@ -239,4 +258,8 @@ TEST_CASE("a barrier over shared segments holds every rank until the last arrive
       run(n, true, [](RankEnv& e, bool) { return check_barrier(e); }, {{"HMC_CCL", "off"}});
     }
   }
+}
+
+TEST_CASE("small collectives commit only the segment pages they touch", "[collectives][shm]") {
+  run(2, true, [](RankEnv& e, bool) { return check_lazy_pages(e); }, {{"HMC_CCL", "off"}});
 }
