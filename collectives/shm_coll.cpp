@@ -1,6 +1,9 @@
 #include "collectives/shm_coll.h"
 
+#include <sys/uio.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -29,6 +32,15 @@ static_assert(data_off(1) + kSlotBytes <= HostSegments::kBytes);
 // at 16-64 KiB on 2 and 4 ranks (docs/performance.md).
 constexpr std::size_t kWholeReduceMax = 32 << 10;
 
+// A 2-rank all_gather of kCmaMin to kCmaMax per rank skips the slots: each rank reads the
+// other's input straight from its memory with process_vm_readv, one copy instead of two,
+// and completes once the other is done reading its own. hmc-bench all_gather, 2 ranks,
+// medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17 against 24; 32 KiB 4.9 against 3.0
+// and 512 KiB 34 against 24 favour the slots, as do 4 ranks on 2 cores at every size
+// (128 KiB: 44 against 23).
+constexpr std::size_t kCmaMin = 32 << 10;
+constexpr std::size_t kCmaMax = 192 << 10;
+
 std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
 }
@@ -43,10 +55,17 @@ struct Rounds {
   std::size_t total = 0;  // bytes to cover: the input, or one block
   std::size_t chunk = 0;
   uint64_t count = 0;
+  bool cma = false;  // one round, read from the other ranks' buffers (kCmaMax)
 };
 
-Rounds rounds_of(const CclWork& w, int n) {
+Rounds rounds_of(const CclWork& w, int n, bool cma) {
   Rounds r;
+  if (cma && n == 2 && w.kind == CollKind::kAllGather && w.send_bytes >= kCmaMin && w.send_bytes <= kCmaMax) {
+    r.total = r.chunk = w.send_bytes;
+    r.count = 1;
+    r.cma = true;
+    return r;
+  }
   if (w.kind == CollKind::kBarrier) {
     r.count = 1;  // a round with no data
     return r;
@@ -90,6 +109,11 @@ class ShmColl final : public DriverOp {
   bool advance() override {
     bool moved = false;
     while (!finished_) {
+      if (draining_) {  // the others may still be reading this rank's buffers
+        if (!everyone_at_done(seq(rounds_.count - 1))) break;
+        finish();
+        return true;
+      }
       bool step = false;
       if (published_ < rounds_.count && published_ <= current_ + 1 && publish(published_)) {
         ++published_;
@@ -127,7 +151,9 @@ class ShmColl final : public DriverOp {
     uint8_t* dst = own() + data_off(slot(s));
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
-    if (per_rank_blocks(w_.kind)) {
+    if (rounds_.cma) {  // where to read it from
+      word(own(), seq_off(slot(s)) + 8).store(reinterpret_cast<uintptr_t>(src + off), std::memory_order_relaxed);
+    } else if (per_rank_blocks(w_.kind)) {
       // reduce_scatter reads its own block from the slot too: in place, the result
       // overwrites it while the reduction still needs it.
       for (int p = 0; p < segs_->size(); ++p)
@@ -148,6 +174,27 @@ class ShmColl final : public DriverOp {
     for (int r = 0; r < segs_->size(); ++r)
       if (word(segs_->of(r), off(slot(s))).load(std::memory_order_acquire) < s) return false;
     return true;
+  }
+  bool everyone_at_done(uint64_t s) const {
+    for (int r = 0; r < segs_->size(); ++r)
+      if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) < s) return false;
+    return true;
+  }
+
+  void finish() {
+    finished_ = true;
+    end_wait();
+    result_->complete(w_.result_bytes);
+  }
+
+  // Rank r's part of round s, read from its memory (cross-memory attach).
+  Status read_from(int r, uint64_t s, uint8_t* to, std::size_t len) {
+    const uint64_t from = word(segs_->of(r), seq_off(slot(s)) + 8).load(std::memory_order_relaxed);
+    iovec local{to, len}, remote{reinterpret_cast<void*>(from), len};
+    const ssize_t got = process_vm_readv(segs_->pid(r), &local, 1, &remote, 1, 0);
+    if (got == static_cast<ssize_t>(len)) return {};
+    return {ErrorCode::kInternal, "cross-memory read of " + std::to_string(len) + " bytes from rank " +
+                                      std::to_string(r) + ": " + (got < 0 ? std::strerror(errno) : "short read")};
   }
 
   // One step of the current round, if the other ranks are there; `moved` says so.
@@ -178,9 +225,8 @@ class ShmColl final : public DriverOp {
     word(own(), kDoneOff).store(s, std::memory_order_release);
     state_->finished.store(s, std::memory_order_release);
     if (++current_ == rounds_.count) {
-      finished_ = true;
-      end_wait();
-      result_->complete(w_.result_bytes);
+      if (rounds_.cma) draining_ = true;
+      else finish();
     }
     return {};
   }
@@ -193,8 +239,11 @@ class ShmColl final : public DriverOp {
       case CollKind::kAllReduce: return reduce_range(out + off, s, 0, len);
       case CollKind::kReduce: return me == w_.root ? reduce_range(out + off, s, 0, len) : Status{};
       case CollKind::kAllGather:  // this rank's own block came with publish()
-        for (int r = 0; r < n; ++r)
-          if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s), len);
+        for (int r = 0; r < n; ++r) {
+          if (r == me) continue;
+          if (rounds_.cma) HMC_RETURN_IF_ERROR(read_from(r, s, out + r * rounds_.total + off, len));
+          else std::memcpy(out + r * rounds_.total + off, data(r, s), len);
+        }
         return {};
       case CollKind::kAllToAll:
         for (int r = 0; r < n; ++r)
@@ -293,6 +342,7 @@ class ShmColl final : public DriverOp {
   uint64_t published_ = 0;  // rounds whose input is in the slots
   uint64_t current_ = 0;    // the round being read
   bool reduced_ = false;    // the current round's share is reduced and published
+  bool draining_ = false;   // done reading; waiting for the others to finish with this rank
   std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output
   bool finished_ = false;
   bool waiting_ = true;
@@ -317,7 +367,7 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
       break;
     default: return std::nullopt;
   }
-  const Rounds rounds = rounds_of(w, segs->size());
+  const Rounds rounds = rounds_of(w, segs->size(), segs->cma());
   if (rounds.count == 0) return std::nullopt;
   const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;
   auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first);

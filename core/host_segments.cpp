@@ -1,5 +1,8 @@
 #include "core/host_segments.h"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -10,7 +13,7 @@
 namespace hmc::core {
 
 HostSegments::HostSegments(LoadedProvider* cpu, void* own, int rank, int size)
-    : cpu_(cpu), own_(own), rank_(rank), base_(size, nullptr) {
+    : cpu_(cpu), own_(own), rank_(rank), base_(size, nullptr), pids_(size, 0) {
   base_[rank] = static_cast<uint8_t*>(own);
 }
 
@@ -56,6 +59,10 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
   if (own) {
     // Only the words: data pages are touched, and committed, as collectives use them.
     std::memset(own, 0, 64);
+    const int64_t pid = getpid();
+    const uint64_t self = reinterpret_cast<uintptr_t>(own);
+    std::memcpy(static_cast<uint8_t*>(own) + HostSegments::kPidOff, &pid, sizeof(pid));
+    std::memcpy(static_cast<uint8_t*>(own) + HostSegments::kSelfOff, &self, sizeof(self));
     for (uint64_t b = 0; b < 2; ++b)
       std::memset(static_cast<uint8_t*>(own) + HostSegments::slot_off(b), 0, HostSegments::kSlotHeader);
     segs = std::make_shared<HostSegments>(cpu, own, rank_, size_);  // frees own when dropped
@@ -86,6 +93,23 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
             std::string(v.begin(), v.end()));
     return {};
   }
+  // Cross-memory attach (collectives/shm_coll.cpp reads mid-size all_gather blocks with it):
+  // each rank reads every peer's pid word through it; all must succeed, or none uses it.
+  uint8_t cma = 1;
+  for (int r = 0; r < size_; ++r) {
+    int64_t pid = 0, seen = -1;
+    uint64_t self = 0;
+    std::memcpy(&pid, segs->of(r) + HostSegments::kPidOff, sizeof(pid));
+    std::memcpy(&self, segs->of(r) + HostSegments::kSelfOff, sizeof(self));
+    segs->pids_[r] = static_cast<int>(pid);
+    if (r == rank_) continue;
+    iovec local{&seen, sizeof(seen)}, remote{reinterpret_cast<void*>(self + HostSegments::kPidOff), sizeof(seen)};
+    if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) != sizeof(seen) || seen != pid) cma = 0;
+  }
+  auto cmas = bootstrap_->allgather(std::vector<uint8_t>{cma}, deadline);
+  if (!cmas) return cmas.status();
+  segs->cma_ = std::all_of(cmas.value().begin(), cmas.value().end(), [](const auto& v) { return v.size() == 1 && v[0]; });
+  if (!segs->cma_) HMC_LOG("coll", info, "rank {}: no cross-memory attach between this host's ranks", rank_);
   segments_ = std::move(segs);
   return {};
 }

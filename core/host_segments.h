@@ -26,10 +26,12 @@ struct LoadedProvider;
 class HostSegments {
  public:
   // Layout, filled by collectives/shm_coll.cpp: a word on its own cache line (the last
-  // round this rank finished), then two slots, each a header of two words on their own
+  // round this rank finished; the line also holds kPidOff and kSelfOff), then two slots, each a header of two words on their own
   // lines and kSlotBytes of data. Bigger slots mean fewer rounds: 2 MiB all_reduce on 2
   // ranks took 450 us with 64 KiB slots and 190 us with 512 KiB (docs/performance.md).
   static constexpr std::size_t kSlotBytes = 512 << 10;
+  static constexpr std::size_t kPidOff = 8;    // the owner's pid (int64)
+  static constexpr std::size_t kSelfOff = 16;  // the segment's address in its owner (uint64)
   static constexpr std::size_t kSlotHeader = 128;
   static constexpr std::size_t slot_off(uint64_t b) { return 64 + b * (kSlotHeader + kSlotBytes); }
   static constexpr std::size_t kBytes = 64 + 2 * (kSlotHeader + kSlotBytes);
@@ -43,6 +45,10 @@ class HostSegments {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(base_.size()); }
   uint8_t* of(int rank) const { return base_[rank]; }
+  // Whether every rank can read every other's memory with process_vm_readv (agreed at
+  // setup, alike on every rank), and the process to read rank r's from.
+  bool cma() const { return cma_; }
+  int pid(int rank) const { return pids_[rank]; }
   void fail(const Status& why);
   Status failed() const;
 
@@ -53,6 +59,8 @@ class HostSegments {
   int rank_;
   std::vector<uint8_t*> base_;     // per rank; own_ at rank_
   std::vector<void*> imported_;    // what ipc_close must release
+  std::vector<int> pids_;
+  bool cma_ = false;
   std::atomic<bool> has_failed_{false};  // polled by every wait; failed_ only once set
   mutable std::mutex mu_;
   Status failed_;

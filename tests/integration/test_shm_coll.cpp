@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "collectives/comm_state.h"
@@ -182,6 +184,32 @@ int check_barrier(RankEnv& e) {
   return 0;
 }
 
+// A 2-rank all_gather of 100 KiB per rank reads the other rank's buffer directly (cross-memory
+// attach, where the ranks agreed they can): exact in place and not, and its input never went
+// through this rank's slots.
+int check_cma_gather(RankEnv& e) {
+  const int me = e.rank;
+  const std::size_t count = (100 << 10) / 4;
+  const auto& segs = e.comm.impl().segments();
+  HMC_EXPECT(segs != nullptr, "no segments");
+  for (bool in_place : {false, true}) {
+    const int k = in_place ? 10 : 9;
+    std::vector<int32_t> send(count), out(2 * count, -1);
+    for (std::size_t i = 0; i < count; ++i) send[i] = in(k, me, i);
+    if (in_place) std::copy(send.begin(), send.end(), out.begin() + me * count);
+    const int32_t* from = in_place ? out.data() + me * count : send.data();
+    HMC_EXPECT_OK(all_gather(e.comm, from, out.data(), count, DataType::kInt32).wait(kWait));
+    for (std::size_t j = 0; j < out.size(); ++j)
+      HMC_EXPECT(out[j] == in(k, static_cast<int>(j / count), j % count), "all_gather element " + std::to_string(j));
+    for (uint64_t b = 0; b < 2 && segs->cma(); ++b) {
+      const uint8_t* data = segs->of(me) + core::HostSegments::slot_off(b) + core::HostSegments::kSlotHeader;
+      HMC_EXPECT(std::memcmp(data, send.data(), 64) != 0, "the input went through slot " + std::to_string(b));
+    }
+  }
+  if (!segs->cma()) std::fprintf(stderr, "rank %d: no cross-memory attach here; the slots were used\n", me);
+  return 0;
+}
+
 // Small collectives commit only the pages they touch: after a few of them, at most 4 of
 // this rank's segment's 257 pages are resident (mincore), not the whole 1 MiB.
 int check_lazy_pages(RankEnv& e) {
@@ -262,4 +290,8 @@ TEST_CASE("a barrier over shared segments holds every rank until the last arrive
 
 TEST_CASE("small collectives commit only the segment pages they touch", "[collectives][shm]") {
   run(2, true, [](RankEnv& e, bool) { return check_lazy_pages(e); }, {{"HMC_CCL", "off"}});
+}
+
+TEST_CASE("a mid-size all_gather of 2 ranks reads the other rank's buffer directly", "[collectives][shm]") {
+  run(2, true, [](RankEnv& e, bool) { return check_cma_gather(e); }, {{"HMC_CCL", "off"}});
 }
