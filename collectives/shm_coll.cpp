@@ -32,9 +32,9 @@ static_assert(data_off(1) + kSlotBytes <= HostSegments::kBytes);
 // at 16-64 KiB on 2 and 4 ranks (docs/performance.md).
 constexpr std::size_t kWholeReduceMax = 32 << 10;
 
-// A 2-rank all_gather of kCmaMin to kCmaMax per rank skips the slots: each rank reads the
-// other's input straight from its memory with process_vm_readv, one copy instead of two,
-// and completes once the other is done reading its own. hmc-bench all_gather, 2 ranks,
+// A 2-rank all_gather of kCmaMin to kCmaMax per rank (all_to_all: per block) skips the
+// slots: each rank reads the other's input straight from its memory with process_vm_readv,
+// one copy instead of two, and completes once the other is done reading its own. hmc-bench all_gather, 2 ranks,
 // medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17 against 24; 32 KiB 4.9 against 3.0
 // and 512 KiB 34 against 24 favour the slots, as do 4 ranks on 2 cores at every size
 // (128 KiB: 44 against 23).
@@ -60,8 +60,10 @@ struct Rounds {
 
 Rounds rounds_of(const CclWork& w, int n, bool cma) {
   Rounds r;
-  if (cma && n == 2 && w.kind == CollKind::kAllGather && w.send_bytes >= kCmaMin && w.send_bytes <= kCmaMax) {
-    r.total = r.chunk = w.send_bytes;
+  const std::size_t part = w.kind == CollKind::kAllToAll ? w.send_bytes / 2 : w.send_bytes;
+  if (cma && n == 2 && (w.kind == CollKind::kAllGather || w.kind == CollKind::kAllToAll) && part >= kCmaMin &&
+      part <= kCmaMax) {
+    r.total = r.chunk = part;
     r.count = 1;
     r.cma = true;
     return r;
@@ -152,7 +154,7 @@ class ShmColl final : public DriverOp {
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
     if (rounds_.cma) {  // where to read it from
-      word(own(), seq_off(slot(s)) + 8).store(reinterpret_cast<uintptr_t>(src + off), std::memory_order_relaxed);
+      word(own(), seq_off(slot(s)) + 8).store(reinterpret_cast<uintptr_t>(src), std::memory_order_relaxed);
     } else if (per_rank_blocks(w_.kind)) {
       // reduce_scatter reads its own block from the slot too: in place, the result
       // overwrites it while the reduction still needs it.
@@ -182,14 +184,19 @@ class ShmColl final : public DriverOp {
   }
 
   void finish() {
+    // An in-place all_to_all read the other's block aside: its place here was the block
+    // the other was reading.
+    if (rounds_.cma && w_.kind == CollKind::kAllToAll && w_.send == w_.recv)
+      std::memcpy(static_cast<uint8_t*>(w_.recv) + (1 - segs_->rank()) * rounds_.total, scratch_.data(), rounds_.total);
     finished_ = true;
     end_wait();
     result_->complete(w_.result_bytes);
   }
 
-  // Rank r's part of round s, read from its memory (cross-memory attach).
-  Status read_from(int r, uint64_t s, uint8_t* to, std::size_t len) {
-    const uint64_t from = word(segs_->of(r), seq_off(slot(s)) + 8).load(std::memory_order_relaxed);
+  // `len` bytes at `at` in rank r's input of round s, read from its memory (cross-memory
+  // attach).
+  Status read_from(int r, uint64_t s, std::size_t at, uint8_t* to, std::size_t len) {
+    const uint64_t from = word(segs_->of(r), seq_off(slot(s)) + 8).load(std::memory_order_relaxed) + at;
     iovec local{to, len}, remote{reinterpret_cast<void*>(from), len};
     const ssize_t got = process_vm_readv(segs_->pid(r), &local, 1, &remote, 1, 0);
     if (got == static_cast<ssize_t>(len)) return {};
@@ -241,13 +248,22 @@ class ShmColl final : public DriverOp {
       case CollKind::kAllGather:  // this rank's own block came with publish()
         for (int r = 0; r < n; ++r) {
           if (r == me) continue;
-          if (rounds_.cma) HMC_RETURN_IF_ERROR(read_from(r, s, out + r * rounds_.total + off, len));
+          if (rounds_.cma) HMC_RETURN_IF_ERROR(read_from(r, s, off, out + r * rounds_.total + off, len));
           else std::memcpy(out + r * rounds_.total + off, data(r, s), len);
         }
         return {};
       case CollKind::kAllToAll:
-        for (int r = 0; r < n; ++r)
-          if (r != me) std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
+        for (int r = 0; r < n; ++r) {
+          if (r == me) continue;
+          if (!rounds_.cma) {
+            std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
+          } else if (w_.send == w_.recv) {  // 2 ranks: put in place by finish()
+            scratch_.resize(len);
+            HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, scratch_.data(), len));
+          } else {
+            HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, out + r * rounds_.total, len));
+          }
+        }
         return {};
       case CollKind::kReduceScatter: return reduce_range(out + off, s, me * len, me * len + len);
       case CollKind::kBroadcast:
@@ -343,7 +359,7 @@ class ShmColl final : public DriverOp {
   uint64_t current_ = 0;    // the round being read
   bool reduced_ = false;    // the current round's share is reduced and published
   bool draining_ = false;   // done reading; waiting for the others to finish with this rank
-  std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output
+  std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output; a block aside
   bool finished_ = false;
   bool waiting_ = true;
 };

@@ -184,10 +184,20 @@ int check_barrier(RankEnv& e) {
   return 0;
 }
 
-// A 2-rank all_gather of 100 KiB per rank reads the other rank's buffer directly (cross-memory
-// attach, where the ranks agreed they can): exact in place and not, and its input never went
-// through this rank's slots.
-int check_cma_gather(RankEnv& e) {
+// Whether the first bytes of `input` are at `at` in either of this rank's slots.
+bool in_slots(RankEnv& e, const void* input, std::size_t at = 0) {
+  const auto& segs = e.comm.impl().segments();
+  for (uint64_t b = 0; b < 2; ++b) {
+    const uint8_t* data = segs->of(e.rank) + core::HostSegments::slot_off(b) + core::HostSegments::kSlotHeader;
+    if (std::memcmp(data + at, input, 64) == 0) return true;
+  }
+  return false;
+}
+
+// A 2-rank all_gather of 100 KiB per rank, and an all_to_all of 100 KiB per block, read the
+// other rank's buffer directly (cross-memory attach, where the ranks agreed they can):
+// exact in place and not, and their input never went through this rank's slots.
+int check_cma_direct(RankEnv& e) {
   const int me = e.rank;
   const std::size_t count = (100 << 10) / 4;
   const auto& segs = e.comm.impl().segments();
@@ -201,10 +211,19 @@ int check_cma_gather(RankEnv& e) {
     HMC_EXPECT_OK(all_gather(e.comm, from, out.data(), count, DataType::kInt32).wait(kWait));
     for (std::size_t j = 0; j < out.size(); ++j)
       HMC_EXPECT(out[j] == in(k, static_cast<int>(j / count), j % count), "all_gather element " + std::to_string(j));
-    for (uint64_t b = 0; b < 2 && segs->cma(); ++b) {
-      const uint8_t* data = segs->of(me) + core::HostSegments::slot_off(b) + core::HostSegments::kSlotHeader;
-      HMC_EXPECT(std::memcmp(data, send.data(), 64) != 0, "the input went through slot " + std::to_string(b));
-    }
+    HMC_EXPECT(!segs->cma() || !in_slots(e, send.data()), "the all_gather input went through a slot");
+    // all_to_all: block j of rank r goes to rank j.
+    std::vector<int32_t> a2a(2 * count), got(2 * count, -1);
+    for (std::size_t i = 0; i < 2 * count; ++i) a2a[i] = in(k + 2, me, i);
+    if (in_place) got = a2a;
+    HMC_EXPECT_OK(all_to_all(e.comm, in_place ? got.data() : a2a.data(), got.data(), count, DataType::kInt32).wait(kWait));
+    for (std::size_t j = 0; j < got.size(); ++j)
+      HMC_EXPECT(got[j] == in(k + 2, static_cast<int>(j / count), me * count + j % count),
+                 std::string("all_to_all") + (in_place ? " (in place)" : "") + " element " + std::to_string(j));
+    // Through the slots, the block for the other rank would sit at its place there.
+    const std::size_t other = static_cast<std::size_t>(1 - me) * count;
+    HMC_EXPECT(!segs->cma() || !in_slots(e, a2a.data() + other, other * sizeof(int32_t)),
+               "the all_to_all input went through a slot");
   }
   if (!segs->cma()) std::fprintf(stderr, "rank %d: no cross-memory attach here; the slots were used\n", me);
   return 0;
@@ -292,6 +311,6 @@ TEST_CASE("small collectives commit only the segment pages they touch", "[collec
   run(2, true, [](RankEnv& e, bool) { return check_lazy_pages(e); }, {{"HMC_CCL", "off"}});
 }
 
-TEST_CASE("a mid-size all_gather of 2 ranks reads the other rank's buffer directly", "[collectives][shm]") {
-  run(2, true, [](RankEnv& e, bool) { return check_cma_gather(e); }, {{"HMC_CCL", "off"}});
+TEST_CASE("mid-size all_gather and all_to_all of 2 ranks read the other rank's buffer directly", "[collectives][shm]") {
+  run(2, true, [](RankEnv& e, bool) { return check_cma_direct(e); }, {{"HMC_CCL", "off"}});
 }
