@@ -93,8 +93,9 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
             std::string(v.begin(), v.end()));
     return {};
   }
-  // Cross-memory attach (collectives/shm_coll.cpp reads mid-size all_gather blocks with it):
-  // each rank reads every peer's pid word through it; all must succeed, or none uses it.
+  // Cross-memory attach (collectives/shm_coll.cpp reads mid-size all_gather and all_to_all
+  // blocks with it): each rank reads every peer's pid word through it; all must succeed, or
+  // none uses it. Ranks in other pid namespaces fail here, not later.
   uint8_t cma = 1;
   for (int r = 0; r < size_; ++r) {
     int64_t pid = 0, seen = -1;
