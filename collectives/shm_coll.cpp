@@ -34,10 +34,10 @@ constexpr std::size_t kWholeReduceMax = 32 << 10;
 
 // A 2-rank all_gather of kCmaMin to kCmaMax per rank (all_to_all: per block) skips the
 // slots: each rank reads the other's input straight from its memory with process_vm_readv,
-// one copy instead of two, and completes once the other is done reading its own. hmc-bench all_gather, 2 ranks,
-// medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17 against 24; 32 KiB 4.9 against 3.0
-// and 512 KiB 34 against 24 favour the slots, as do 4 ranks on 2 cores at every size
-// (128 KiB: 44 against 23).
+// one copy instead of two, and completes once the other is done reading its own.
+// hmc-bench all_gather, 2 ranks, medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17
+// against 24; 32 KiB 4.9 against 3.0 and 512 KiB 34 against 24 favour the slots, as do 4
+// ranks on 2 cores at every size (128 KiB: 44 against 23).
 constexpr std::size_t kCmaMin = 32 << 10;
 constexpr std::size_t kCmaMax = 192 << 10;
 
