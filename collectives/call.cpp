@@ -56,7 +56,7 @@ Request Call::run(const Build& build) {
     return Request(done);
   }
   if (ccl && !empty)
-    if (auto delegated = try_delegate(comm_, *ccl, opt_)) return std::move(*delegated);
+    if (auto delegated = try_delegate(comm_, state, *ccl, opt_)) return std::move(*delegated);
   if (ccl && !empty && size_ > 1)
     if (auto shared = try_shm(ci, state, *ccl, opt_)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed

@@ -408,10 +408,8 @@ bool ccl_kind(CollKind kind) {
   }
 }
 
-std::optional<Request> try_delegate(Communicator& comm, const CclWork& w, const CollOptions& opt) {
-  core::CommImpl& ci = comm.impl();
-  core::ContextImpl& ctx = ci.context();
-  CommState& st = comm_state(ci);
+std::optional<Request> try_delegate(Communicator& comm, CommState& st, const CclWork& w, const CollOptions& opt) {
+  core::ContextImpl& ctx = comm.impl().context();
   const std::string& mode = st.settings.ccl;
   if (mode == "off") return std::nullopt;
   if (mode != "auto")

@@ -25,6 +25,8 @@
 namespace hmc::coll {
 
 // One collective as the vendor library takes it, with this rank's buffers.
+struct CommState;  // comm_state.h
+
 struct CclWork {
   CollKind kind;
   const void* send = nullptr;
@@ -41,8 +43,9 @@ struct CclWork {
 // Whether kind can be delegated at all.
 bool ccl_kind(CollKind kind);
 
-// The request of `w` run by the communicator's vendor library, or nullopt when this call
-// is not delegated (then HMC's schedule runs it, on every rank alike).
-std::optional<Request> try_delegate(Communicator& comm, const CclWork& w, const CollOptions& opt);
+// The request of `w` run by the communicator's vendor library (`st`: its CommState), or
+// nullopt when this call is not delegated (then HMC's schedule runs it, on every rank
+// alike).
+std::optional<Request> try_delegate(Communicator& comm, CommState& st, const CclWork& w, const CollOptions& opt);
 
 }  // namespace hmc::coll

@@ -21,6 +21,7 @@ namespace {
 // holds (all_reduce, reduce), and the data.
 using core::HostSegments;
 constexpr std::size_t kDoneOff = 0;
+constexpr std::size_t done_off(uint64_t) { return kDoneOff; }  // one word for both slots
 constexpr std::size_t seq_off(uint64_t b) { return HostSegments::slot_off(b); }
 constexpr std::size_t red_off(uint64_t b) { return HostSegments::slot_off(b) + 64; }
 constexpr std::size_t data_off(uint64_t b) { return HostSegments::slot_off(b) + HostSegments::kSlotHeader; }
@@ -112,7 +113,7 @@ class ShmColl final : public DriverOp {
     bool moved = false;
     while (!finished_) {
       if (draining_) {  // the others may still be reading this rank's buffers
-        if (!everyone_at_done(seq(rounds_.count - 1))) break;
+        if (!everyone_at(done_off, seq(rounds_.count - 1))) break;
         finish();
         return true;
       }
@@ -148,8 +149,7 @@ class ShmColl final : public DriverOp {
   bool publish(uint64_t round) {
     const uint64_t s = seq(round);
     const int me = segs_->rank();
-    for (int r = 0; r < segs_->size(); ++r)
-      if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) + 2 < s) return false;
+    if (s > 2 && !everyone_at(done_off, s - 2)) return false;
     uint8_t* dst = own() + data_off(slot(s));
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
@@ -172,14 +172,10 @@ class ShmColl final : public DriverOp {
     return true;
   }
 
+  // Every rank's word at off(slot of s) has reached s.
   bool everyone_at(std::size_t (*off)(uint64_t), uint64_t s) const {
     for (int r = 0; r < segs_->size(); ++r)
       if (word(segs_->of(r), off(slot(s))).load(std::memory_order_acquire) < s) return false;
-    return true;
-  }
-  bool everyone_at_done(uint64_t s) const {
-    for (int r = 0; r < segs_->size(); ++r)
-      if (word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) < s) return false;
     return true;
   }
 

@@ -20,6 +20,9 @@
 // host's ranks have a CPU each, else 1). A poll is a fraction of a microsecond and a yield
 // about 0.6 us here. For messages the yield stays at every poll: polling longer between
 // yields delayed the io threads that carry bells (2-rank 8-byte sendrecv 1.8 -> 2.7 us).
+// While such a collective is pending a waiter also polls for kSegmentSpin (1 ms) before
+// it sleeps, since nothing wakes it when a peer writes, and progress() runs the
+// providers' pollers on every 16th pass only.
 //
 // Lock order: Progressable's own mutex (taken with try_lock by progress) before
 // ProgressEngine::mu_ (held only to copy the list or to sleep).
