@@ -1,7 +1,8 @@
 // Host memory and same-host IPC for the cpu provider.
 //
 // Every block is its own mmap, so it is page-aligned, goes back to the kernel on
-// free, and a pinned block is unlocked by the munmap. Shareable blocks are memfds
+// free, and a pinned block is unlocked by the munmap; only plain blocks of 64 KiB and
+// more may instead be slots of a huge page (cpu_huge.h). Shareable blocks are memfds
 // mapped MAP_SHARED; another process of the same user maps the same file by
 // opening /proc/<exporter pid>/fd/<fd>, which works as long as the exporter is
 // alive and has not freed the block (mappings already made outlive both).
@@ -92,8 +93,9 @@ int map_shareable(size_t length, Block* block, void** ptr) {
   return HMC_PROV_OK;
 }
 
-void unmap_block(void* base, const Block& b) {
-  munmap(base, b.length);
+void unmap_block(State* s, void* base, const Block& b) {
+  if (b.slot) s->huge->free_slot(base);
+  else munmap(base, b.length);
   if (b.fd >= 0) close(b.fd);
 }
 
@@ -116,6 +118,15 @@ int mem_alloc(void* state, int device, size_t bytes, int alloc_kind, void** ptr)
   void* p = nullptr;
   switch (alloc_kind) {
     case HMC_ALLOC_DEVICE:
+      if (s->huge && s->huge->serves(bytes)) {
+        p = s->huge->alloc(bytes, &block.length, &block.slot);
+        if (p == nullptr) {
+          return fail(HMC_PROV_ERR_NO_MEMORY, "mem_alloc: %zu bytes on huge pages: %s", bytes,
+                      std::strerror(errno));
+        }
+        break;
+      }
+      [[fallthrough]];
     case HMC_ALLOC_PINNED_HOST:
       p = mmap(nullptr, block.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) {
@@ -144,7 +155,7 @@ int mem_alloc(void* state, int device, size_t bytes, int alloc_kind, void** ptr)
     std::lock_guard lock(s->mutex);
     s->blocks.emplace(reinterpret_cast<uintptr_t>(p), block);
   } catch (const std::bad_alloc&) {
-    unmap_block(p, block);
+    unmap_block(s, p, block);
     return fail(HMC_PROV_ERR_NO_MEMORY, "mem_alloc: out of memory recording the block");
   }
   *ptr = p;
@@ -170,7 +181,7 @@ int mem_free(void* state, int device, void* ptr) {
     block = it->second;
     s->blocks.erase(it);
   }
-  unmap_block(ptr, block);
+  unmap_block(s, ptr, block);
   return HMC_PROV_OK;
 }
 
@@ -335,7 +346,7 @@ int ipc_close(void* state, void* ptr) {
 size_t release_all(State* s) {
   std::lock_guard lock(s->mutex);
   const size_t n = s->blocks.size() + s->mappings.size();
-  for (const auto& [base, block] : s->blocks) unmap_block(reinterpret_cast<void*>(base), block);
+  for (const auto& [base, block] : s->blocks) unmap_block(s, reinterpret_cast<void*>(base), block);
   for (const auto& [ptr, m] : s->mappings) munmap(m.base, m.length);
   s->blocks.clear();
   s->mappings.clear();

@@ -40,6 +40,9 @@ namespace {
 constexpr hmc_param_t kParams[] = {
     {"HMC_CPU_PIN", "bool", "1",
      "mlock HMC_ALLOC_PINNED_HOST blocks (a failure leaves them pageable and is logged at debug)"},
+    {"HMC_CPU_HUGE_PAGES", "bool", "1",
+     "put plain host blocks of 64 KiB and more on transparent huge pages where the kernel offers "
+     "them (cheaper cross-process reads by peers; costs up to 2x the size asked)"},
     {"HMC_CPU_SIMD", "string", "auto",
      "reduce kernels: auto (AVX2/F16C where the CPU has them) or baseline (portable loops only)"},
 };
@@ -163,15 +166,21 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
     return HMC_PROV_ERR_NO_MEMORY;
   }
   s->host = *host;
+  bool huge = true;
   if (!read_bool(*host, "HMC_CPU_PIN", &s->pin, reason, reason_len) ||
+      !read_bool(*host, "HMC_CPU_HUGE_PAGES", &huge, reason, reason_len) ||
       !read_simd(s, reason, reason_len)) {
     delete s;
     return HMC_PROV_ERR_INVALID;
   }
+  const size_t huge_page = huge ? HugeArena::system_page() : 0;
+  if (huge_page != 0) s->huge.reset(new (std::nothrow) HugeArena(huge_page));  // null: small pages
   describe_host(&s->info);
-  log(s, HMC_LOG_DEBUG, "device 0: %s, %llu bytes, numa node %d, pin %d, %s reduce kernels",
+  log(s, HMC_LOG_DEBUG,
+      "device 0: %s, %llu bytes, numa node %d, pin %d, %s reduce kernels, huge pages %zu KiB%s",
       s->info.model, static_cast<unsigned long long>(s->info.memory_bytes), s->info.numa_node,
-      s->pin ? 1 : 0, s->wide ? "avx2/f16c" : "baseline");
+      s->pin ? 1 : 0, s->wide ? "avx2/f16c" : "baseline", huge_page >> 10,
+      huge && huge_page == 0 ? " (transparent huge pages off in this kernel)" : "");
   *state = s;
   return HMC_PROV_OK;
 }

@@ -4,17 +4,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
+
+#include "cpu_huge.h"
 
 #include "hmc/provider/device.h"
 
 namespace hmc::cpu {
 
-// A block handed out by mem_alloc: its page-rounded length, its kind, and for
-// shareable memory the memfd behind it, kept open so that importers can reach it.
+// A block handed out by mem_alloc: its page-rounded length, its kind, whether it is a slot
+// of a huge-page chunk (cpu_huge.h), and for shareable memory the memfd behind it, kept
+// open so that importers can reach it.
 struct Block {
   size_t length = 0;
   int kind = HMC_ALLOC_DEVICE;
+  bool slot = false;
   int fd = -1;
   uint64_t id = 0;  // part of the memfd's name: lets an importer check it opened the right file
 };
@@ -29,6 +34,7 @@ struct State {
   hmc_host_services_t host{};
   bool pin = true;    // HMC_CPU_PIN
   bool wide = false;  // run the AVX2/F16C kernels (HMC_CPU_SIMD and the CPU allow it)
+  std::unique_ptr<HugeArena> huge;  // HMC_CPU_HUGE_PAGES, where the kernel has them
   hmc_device_info_t info{};
   std::mutex mutex;                       // guards blocks and mappings
   std::map<uintptr_t, Block> blocks;      // keyed by base address
