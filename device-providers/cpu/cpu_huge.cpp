@@ -34,7 +34,13 @@ size_t HugeArena::system_page() {
   size_t page = size_t{2} << 20;
   const std::string size = read_line("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
   if (!size.empty()) page = std::strtoull(size.c_str(), nullptr, 10);
-  return page >= kMinBytes && page <= kMaxPage && std::has_single_bit(page) ? page : 0;
+  if (page < kMinBytes || page > kMaxPage || !std::has_single_bit(page)) return 0;
+  // Some kernels (and sandboxes) list the modes but refuse the advice: then small pages it is.
+  void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return 0;
+  const bool advised = madvise(probe, page, MADV_HUGEPAGE) == 0;
+  munmap(probe, page);
+  return advised ? page : 0;
 }
 
 HugeArena::~HugeArena() {
@@ -51,7 +57,7 @@ void* HugeArena::map_aligned(size_t length) {
   const uintptr_t end = start + length + page_;
   if (end > aligned + length) munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
   void* p = reinterpret_cast<void*>(aligned);
-  madvise(p, length, MADV_HUGEPAGE);  // advice: without it the block still works, on small pages
+  madvise(p, length, MADV_HUGEPAGE);  // accepted at start-up (system_page)
   return p;
 }
 

@@ -12,8 +12,8 @@
 // of its own up to one huge page more, and every slot size in use holds a huge page that
 // may be mostly free. A slot handed out again is zeroed, as fresh mappings are.
 //
-// Where the kernel has no transparent huge pages, or they are set to "never", page() is 0
-// and nothing comes from here. Thread-safe.
+// Where the kernel has no transparent huge pages, has them set to "never" or refuses the
+// advice, system_page() is 0 and the provider makes no arena. Thread-safe.
 #pragma once
 
 #include <cstddef>

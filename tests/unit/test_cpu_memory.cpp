@@ -16,11 +16,16 @@ using namespace hmc;
 
 namespace {
 
-// Whether madvise(MADV_HUGEPAGE) means anything on this kernel.
+// Whether madvise(MADV_HUGEPAGE) means anything on this kernel, and it takes the advice.
 bool kernel_has_thp() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string mode;
-  return std::getline(f, mode) && mode.find("[never]") == std::string::npos;
+  if (!std::getline(f, mode) || mode.find("[never]") != std::string::npos) return false;
+  void* probe = mmap(nullptr, 2 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return false;
+  const bool advised = madvise(probe, 2 << 20, MADV_HUGEPAGE) == 0;
+  munmap(probe, 2 << 20);
+  return advised;
 }
 
 // The VmFlags of the mapping that holds `p` ("" when none does): "hg" is MADV_HUGEPAGE.
