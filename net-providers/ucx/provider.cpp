@@ -139,11 +139,13 @@ int Provider::progress() {
 // arms the worker and sleeps until something arrives.
 void Provider::run() {
   constexpr auto kLinger = std::chrono::microseconds(100);
+  constexpr int kArmTries = 64;
   std::vector<epoll_event> events(32);
   std::vector<std::pair<uint64_t, uint32_t>> ready;
   bool watching_ucx = true;  // start() put the worker's fd in the set
   for (;;) {
     bool host_polls = false;
+    bool armed = false;  // the worker will signal its fd: the thread may sleep
     {
       std::unique_lock lock(mu_);
       for (auto [t, ev] : ready) handle_event(t, ev);
@@ -162,8 +164,14 @@ void Provider::run() {
         lock.lock();
       }
       if (stop_) return;
-      if (!host_polls)
-        while (ucp_worker_arm(worker_) == UCS_ERR_BUSY) drive();
+      // BUSY: something came in while arming; progress and try again, but a bounded number
+      // of times: after a peer died over shared memory the worker was seen to stay BUSY for
+      // good, and this loop held mu_ against every call of the host. Unarmed, the thread
+      // looks again after kLinger instead of sleeping.
+      for (int i = 0; !host_polls && !armed && i < kArmTries; ++i) {
+        armed = ucp_worker_arm(worker_) != UCS_ERR_BUSY;
+        if (!armed) drive();
+      }
       unlock_and_wake(lock);
     }
     if (host_polls == watching_ucx) {
@@ -171,7 +179,7 @@ void Provider::run() {
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
       watching_ucx = !host_polls;
     }
-    const timespec wait = host_polls ? timespec{0, std::chrono::nanoseconds(kLinger).count()} : timespec{1, 0};
+    const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(kLinger).count()};
     int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
     for (int i = 0; i < n; ++i) {
       const uint64_t t = events[i].data.u64;
