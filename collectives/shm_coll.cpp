@@ -26,6 +26,10 @@ constexpr std::size_t seq_off(uint64_t b) { return HostSegments::slot_off(b); }
 constexpr std::size_t red_off(uint64_t b) { return HostSegments::slot_off(b) + 64; }
 constexpr std::size_t data_off(uint64_t b) { return HostSegments::slot_off(b) + HostSegments::kSlotHeader; }
 static_assert(data_off(1) + kSlotBytes <= HostSegments::kBytes);
+// A one-round collective whose slot holds at most this much keeps it in the line of the
+// slot's sequence number instead: a reader then pulls one line from each rank, not two.
+constexpr std::size_t kInlineBytes = 56;
+static_assert(8 + kInlineBytes <= 64);
 
 // An all_reduce round is reduced whole by every rank (one wait) while each rank reads at
 // most this many bytes of the others' inputs so; beyond, each rank reduces a share, then
@@ -91,7 +95,9 @@ class ShmColl final : public DriverOp {
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
           const CclWork& w, Rounds rounds, uint64_t first_seq)
       : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
-        first_(first_seq), result_(core::Operation::make(comm.context().engine())) {
+        first_(first_seq), result_(core::Operation::make(comm.context().engine())),
+        inline_(rounds.count == 1 && !rounds.cma &&
+                (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes) {
     result_->engine()->segment_waits(+1);
   }
   ~ShmColl() override { end_wait(); }
@@ -141,7 +147,8 @@ class ShmColl final : public DriverOp {
   std::size_t offset(uint64_t round) const { return round * rounds_.chunk; }
   std::size_t length(uint64_t round) const { return std::min(rounds_.chunk, rounds_.total - offset(round)); }
   uint8_t* own() const { return segs_->of(segs_->rank()); }
-  const uint8_t* data(int r, uint64_t s) const { return segs_->of(r) + data_off(slot(s)); }
+  std::size_t payload_off(uint64_t s) const { return inline_ ? seq_off(slot(s)) + 8 : data_off(slot(s)); }
+  const uint8_t* data(int r, uint64_t s) const { return segs_->of(r) + payload_off(s); }
 
   // Round `round`'s input into this rank's slot, once every rank finished reading what that
   // slot held (two rounds ago). all_gather and all_to_all copy this rank's own block of the
@@ -150,7 +157,7 @@ class ShmColl final : public DriverOp {
     const uint64_t s = seq(round);
     const int me = segs_->rank();
     if (s > 2 && !everyone_at(done_off, s - 2)) return false;
-    uint8_t* dst = own() + data_off(slot(s));
+    uint8_t* dst = own() + payload_off(s);
     const auto* src = static_cast<const uint8_t*>(w_.send);
     const std::size_t off = offset(round), len = length(round);
     if (rounds_.cma) {  // where to read it from
@@ -351,6 +358,7 @@ class ShmColl final : public DriverOp {
   Rounds rounds_;
   uint64_t first_;
   std::shared_ptr<core::Operation> result_;
+  const bool inline_;       // the slot's data sits in its sequence number's line (kInlineBytes)
   uint64_t published_ = 0;  // rounds whose input is in the slots
   uint64_t current_ = 0;    // the round being read
   bool reduced_ = false;    // the current round's share is reduced and published
