@@ -26,9 +26,11 @@ struct LoadedProvider;
 class HostSegments {
  public:
   // Layout, filled by collectives/shm_coll.cpp: a word on its own cache line (the last
-  // round this rank finished; the line also holds kPidOff and kSelfOff), then two slots, each a header of two words on their own
-  // lines and kSlotBytes of data. Bigger slots mean fewer rounds: 2 MiB all_reduce on 2
-  // ranks took 450 us with 64 KiB slots and 190 us with 512 KiB (docs/performance.md).
+  // round this rank finished; the line also holds kPidOff and kSelfOff), then two slots,
+  // each a header of two words on their own lines (the first line also carries a tiny
+  // collective's data) and kSlotBytes of data. Bigger slots mean fewer rounds: 2 MiB
+  // all_reduce on 2 ranks took 450 us with 64 KiB slots and 190 us with 512 KiB
+  // (docs/performance.md).
   static constexpr std::size_t kSlotBytes = 512 << 10;
   static constexpr std::size_t kPidOff = 8;    // the owner's pid (int64)
   static constexpr std::size_t kSelfOff = 16;  // the segment's address in its owner (uint64)
