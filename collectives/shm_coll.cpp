@@ -98,7 +98,7 @@ class ShmColl final : public DriverOp {
         first_(first_seq), result_(core::Operation::make(comm.context().engine())),
         inline_(rounds.count == 1 && !rounds.cma &&
                 (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes) {
-    result_->engine()->segment_waits(+1);
+    result_->engine()->segment_waits(+1, segs_);
   }
   ~ShmColl() override { end_wait(); }
 
@@ -171,6 +171,7 @@ class ShmColl final : public DriverOp {
       std::memcpy(dst, src + off, len);
     }
     word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
+    segs_->ring_peers();
     if (w_.kind == CollKind::kAllGather || w_.kind == CollKind::kAllToAll) {
       const std::size_t from = w_.kind == CollKind::kAllToAll ? me * rounds_.total : 0;
       uint8_t* to = static_cast<uint8_t*>(w_.recv) + me * rounds_.total + off;
@@ -216,6 +217,7 @@ class ShmColl final : public DriverOp {
       if (by_shares()) {
         HMC_RETURN_IF_ERROR(reduce_share(s));
         word(own(), red_off(slot(s))).store(s, std::memory_order_release);
+        segs_->ring_peers();
         moved = true;
         // A reduce's other ranks are done once their share is up: their slot is not written
         // again before the root, gathering, is done with it too.
@@ -233,6 +235,7 @@ class ShmColl final : public DriverOp {
     }
     moved = true;
     word(own(), kDoneOff).store(s, std::memory_order_release);
+    segs_->ring_peers();
     state_->finished.store(s, std::memory_order_release);
     if (++current_ == rounds_.count) {
       if (rounds_.cma) draining_ = true;
@@ -340,7 +343,7 @@ class ShmColl final : public DriverOp {
 
   // Waiters poll closer together while shared-segment collectives are pending (progress.h).
   void end_wait() {
-    if (waiting_) result_->engine()->segment_waits(-1);
+    if (waiting_) result_->engine()->segment_waits(-1, segs_);
     waiting_ = false;
   }
 

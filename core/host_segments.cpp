@@ -1,9 +1,13 @@
 #include "core/host_segments.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <ctime>
 #include <cstring>
 
 #include "core/comm_impl.h"
@@ -23,10 +27,40 @@ HostSegments::~HostSegments() {
 }
 
 void HostSegments::fail(const Status& why) {
-  std::lock_guard lock(mu_);
-  if (!failed_.ok()) return;
-  failed_ = why;
-  has_failed_.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(mu_);
+    if (!failed_.ok()) return;
+    failed_ = why;
+    has_failed_.store(true, std::memory_order_release);
+  }
+  ring_own();
+}
+
+uint32_t HostSegments::begin_sleep() {
+  const uint32_t seen = word32(rank_, kBellOff).load(std::memory_order_acquire);
+  word32(rank_, kSleepersOff).fetch_add(1, std::memory_order_seq_cst);
+  return seen;
+}
+
+void HostSegments::sleep(uint32_t seen, std::chrono::microseconds at_most) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at_most).count();
+  const timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // A shared futex (no FUTEX_PRIVATE_FLAG): the peers that ring it are other processes.
+  // EAGAIN (rang already), EINTR and ETIMEDOUT all just end the sleep.
+  syscall(SYS_futex, base_[rank_] + kBellOff, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+}
+
+void HostSegments::end_sleep() { word32(rank_, kSleepersOff).fetch_sub(1, std::memory_order_relaxed); }
+
+void HostSegments::ring_peers() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the data written before, then the counts
+  for (int r = 0; r < size(); ++r)
+    if (r != rank_ && word32(r, kSleepersOff).load(std::memory_order_relaxed) != 0) ring(r);
+}
+
+void HostSegments::ring(int rank) {
+  word32(rank, kBellOff).fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, base_[rank] + kBellOff, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 Status HostSegments::failed() const {
@@ -58,7 +92,7 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
   std::shared_ptr<HostSegments> segs;
   if (own) {
     // Only the words: data pages are touched, and committed, as collectives use them.
-    std::memset(own, 0, 64);
+    std::memset(own, 0, HostSegments::kHeader);
     const int64_t pid = getpid();
     const uint64_t self = reinterpret_cast<uintptr_t>(own);
     std::memcpy(static_cast<uint8_t*>(own) + HostSegments::kPidOff, &pid, sizeof(pid));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -34,9 +35,14 @@ class HostSegments {
   static constexpr std::size_t kSlotBytes = 512 << 10;
   static constexpr std::size_t kPidOff = 8;    // the owner's pid (int64)
   static constexpr std::size_t kSelfOff = 16;  // the segment's address in its owner (uint64)
+  // Then a line for sleeping (below): the owner's bell, a futex word, and how many of the
+  // owner's threads sleep on it. Written only around sleeps, so ring_peers reads it cheaply.
+  static constexpr std::size_t kBellOff = 64;      // uint32
+  static constexpr std::size_t kSleepersOff = 68;  // uint32
+  static constexpr std::size_t kHeader = 128;      // the two lines above; zeroed at creation
   static constexpr std::size_t kSlotHeader = 128;
-  static constexpr std::size_t slot_off(uint64_t b) { return 64 + b * (kSlotHeader + kSlotBytes); }
-  static constexpr std::size_t kBytes = 64 + 2 * (kSlotHeader + kSlotBytes);
+  static constexpr std::size_t slot_off(uint64_t b) { return kHeader + b * (kSlotHeader + kSlotBytes); }
+  static constexpr std::size_t kBytes = kHeader + 2 * (kSlotHeader + kSlotBytes);
 
   // `own`: this rank's segment, from cpu's mem_alloc; freed with it.
   HostSegments(LoadedProvider* cpu, void* own, int rank, int size);
@@ -51,11 +57,28 @@ class HostSegments {
   // setup, alike on every rank), and the process to read rank r's from.
   bool cma() const { return cma_; }
   int pid(int rank) const { return pids_[rank]; }
-  void fail(const Status& why);
+  void fail(const Status& why);  // also rings the own bell: sleepers see it at once
   Status failed() const;
+
+  // Sleeping until a peer writes (ProgressEngine::wait_until). A waiter takes the bell's
+  // value and counts itself in (begin_sleep), checks once more what it waits for, then
+  // sleeps unless the bell rang since (sleep), and counts itself out (end_sleep). A rank
+  // that wrote what a peer may wait for calls ring_peers: it rings every peer with a
+  // sleeper. Both sides order the count and the data with seq_cst, so a write is either
+  // seen by the last check or followed by a ring. The owner's own wakes (a provider's
+  // completion, a failure) ring with ring_own.
+  uint32_t begin_sleep();
+  void sleep(uint32_t seen, std::chrono::microseconds at_most);
+  void end_sleep();
+  void ring_peers();
+  void ring_own() { ring(rank_); }
 
  private:
   friend class CommImpl;
+  std::atomic_ref<uint32_t> word32(int rank, std::size_t off) const {
+    return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(base_[rank] + off));
+  }
+  void ring(int rank);
   LoadedProvider* cpu_;
   void* own_;
   int rank_;

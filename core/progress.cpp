@@ -4,6 +4,8 @@
 #include <memory>
 #include <thread>
 
+#include "core/host_segments.h"
+
 namespace hmc::core {
 namespace {
 
@@ -62,7 +64,25 @@ constexpr std::chrono::microseconds kQuietTime{200};
 // A 512 KiB round of a collective over shared segments takes a peer 40-100 us to copy here;
 // sleeping after 1600 polls (about 80 us) made a 2 MiB all_gather bimodal, 150 or 700 us.
 constexpr std::chrono::microseconds kSegmentSpin{1000};
+// A sleep on a segment's bell: every write a waiter waits for rings it, so this only
+// bounds what a lost ring could cost.
+constexpr std::chrono::microseconds kBellSlice{20000};
 }  // namespace
+
+void ProgressEngine::segment_waits(int delta, const std::shared_ptr<HostSegments>& segs) {
+  segment_waits_.fetch_add(delta, std::memory_order_relaxed);
+  std::lock_guard lock(mu_);
+  auto it = std::find_if(bells_.begin(), bells_.end(), [&](const auto& b) { return b.first == segs; });
+  if (it == bells_.end()) {
+    if (delta > 0) bells_.emplace_back(segs, delta);
+  } else if ((it->second += delta) <= 0) {
+    bells_.erase(it);
+  }
+}
+
+std::shared_ptr<HostSegments> ProgressEngine::single_bell() const {
+  return bells_.size() == 1 ? bells_.front().first : nullptr;
+}
 
 void ProgressEngine::add(Progressable* p) {
   std::lock_guard lock(mu_);
@@ -111,6 +131,8 @@ void ProgressEngine::wake() {
   if (sleepers_.load(std::memory_order_acquire) > 0) {
     std::lock_guard lock(mu_);
     cv_.notify_all();
+    if (bell_sleepers_ > 0)
+      for (auto& [segs, n] : bells_) segs->ring_own();
   }
 }
 
@@ -141,8 +163,21 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
     }
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1);
-    auto until = std::min(deadline, now + (polling ? kQuietTime : std::chrono::milliseconds(1)));
-    cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
+    if (auto bell = segments ? single_bell() : nullptr) {
+      ++bell_sleepers_;
+      lock.unlock();
+      const auto slice = std::min<Clock::duration>(deadline - now, polling ? kQuietTime : kBellSlice);
+      const uint32_t rung = bell->begin_sleep();
+      // Once more, now that peers and wake() ring: what arrived before is seen here.
+      if (!progress() && !done() && !closed_ && wakes_.load(std::memory_order_acquire) == seen)
+        bell->sleep(rung, std::chrono::duration_cast<std::chrono::microseconds>(slice));
+      bell->end_sleep();
+      lock.lock();
+      --bell_sleepers_;
+    } else {
+      auto until = std::min(deadline, now + (polling ? kQuietTime : std::chrono::milliseconds(1)));
+      cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
+    }
     sleepers_.fetch_sub(1);
   }
 }

@@ -4,7 +4,8 @@
 // host->wake(). Core state machines (tag matching, rendezvous) advance inside HMC calls:
 // every wait/test runs ProgressEngine::progress(), which polls every registered
 // Progressable (communicators) once. Waiters spin briefly, then sleep on a condition
-// variable until a wake or 1 ms passes.
+// variable until a wake or 1 ms passes (on a segment's bell while collectives over shared
+// segments are pending: below).
 //
 // A waiter whose last two polls came less than kQuietTime (progress.cpp) apart sleeps
 // at most kQuietTime, then polls again, before any longer sleep. A provider may
@@ -21,8 +22,10 @@
 // about 0.6 us here. For messages the yield stays at every poll: polling longer between
 // yields delayed the io threads that carry bells (2-rank 8-byte sendrecv 1.8 -> 2.7 us).
 // While such a collective is pending a waiter also polls for kSegmentSpin (1 ms) before
-// it sleeps, since nothing wakes it when a peer writes, and progress() runs the
-// providers' pollers on every 16th pass only.
+// it sleeps, and progress() runs the providers' pollers on every 16th pass only. Its
+// sleep is then on the segment's bell, a futex that the peers ring when they write, in
+// slices of up to kBellSlice; with collectives of several communicators pending, on the
+// condition variable for up to 1 ms at a time, as no single bell covers them.
 //
 // Lock order: Progressable's own mutex (taken with try_lock by progress) before
 // ProgressEngine::mu_ (held only to copy the list or to sleep).
@@ -42,6 +45,8 @@
 #include "hmc/status.h"
 
 namespace hmc::core {
+
+class HostSegments;
 
 class Progressable {
  public:
@@ -70,8 +75,10 @@ class ProgressEngine {
   // HMC_TIMEOUT, for Request::wait() without an argument.
   std::chrono::milliseconds default_timeout{60000};
   void set_yield_every(int polls) { yield_every_.store(polls < 1 ? 1 : polls, std::memory_order_relaxed); }
-  // Shared-segment collectives pending (+1 when one starts, -1 when it ends).
-  void segment_waits(int delta) { segment_waits_.fetch_add(delta, std::memory_order_relaxed); }
+  // A shared-segment collective over `segs` starts (+1) or ends (-1). While only one
+  // communicator's are pending, a waiter sleeps on that segment's bell, which its peers
+  // ring when they write (host_segments.h), and wake() rings it too.
+  void segment_waits(int delta, const std::shared_ptr<HostSegments>& segs);
   bool closed() const { return closed_; }
 
  private:
@@ -85,6 +92,11 @@ class ProgressEngine {
   std::atomic<int> yield_every_{1};
   std::atomic<int> segment_waits_{0};
   int holds_ = 0;  // guarded by mu_
+  // Segments of pending collectives, with how many each (guarded by mu_), and how many
+  // waiters sleep on a bell rather than on cv_ (guarded by mu_).
+  std::vector<std::pair<std::shared_ptr<HostSegments>, int>> bells_;
+  int bell_sleepers_ = 0;
+  std::shared_ptr<HostSegments> single_bell() const;  // with mu_ held
   std::thread background_;
   void background_loop();
 };
