@@ -10,6 +10,7 @@
 #include "collectives/comm_state.h"
 #include "collectives/driver.h"
 #include "collectives/driver_op.h"
+#include "collectives/scratch.h"
 #include "collectives/select.h"
 #include "core/comm_impl.h"
 
@@ -37,14 +38,16 @@ static_assert(8 + kInlineBytes <= 64);
 // at 16-64 KiB on 2 and 4 ranks (docs/performance.md).
 constexpr std::size_t kWholeReduceMax = 32 << 10;
 
-// A 2-rank all_gather of kCmaMin to kCmaMax per rank (all_to_all: per block) skips the
+// A 2-rank all_gather of kCmaMin or more per rank (all_to_all: per block) skips the
 // slots: each rank reads the other's input straight from its memory with process_vm_readv,
-// one copy instead of two, and completes once the other is done reading its own.
-// hmc-bench all_gather, 2 ranks, medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17
-// against 24; 32 KiB 4.9 against 3.0 and 512 KiB 34 against 24 favour the slots, as do 4
-// ranks on 2 cores at every size (128 KiB: 44 against 23).
+// in one round, one copy instead of two, and completes once the other is done reading its
+// own. hmc-bench all_gather, 2 ranks, medians of 5: 64 KiB 6.7 against 8.4 us, 256 KiB 17
+// against 24; 32 KiB favours the slots (3.0 against 4.9), as do 4 ranks on 2 cores at
+// every size (128 KiB: 44 against 23). From 512 KiB the slots depend on how fast the two
+// cores pass freshly written lines, which on the development VM drops 5-8x for minutes at
+// a time (all_gather of 2 MiB: 80-100 us, then 620-680), while the direct read held 68-86
+// (docs/performance.md).
 constexpr std::size_t kCmaMin = 32 << 10;
-constexpr std::size_t kCmaMax = 192 << 10;
 
 std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
@@ -60,14 +63,13 @@ struct Rounds {
   std::size_t total = 0;  // bytes to cover: the input, or one block
   std::size_t chunk = 0;
   uint64_t count = 0;
-  bool cma = false;  // one round, read from the other ranks' buffers (kCmaMax)
+  bool cma = false;  // one round, read from the other rank's buffers (kCmaMin)
 };
 
 Rounds rounds_of(const CclWork& w, int n, bool cma) {
   Rounds r;
   const std::size_t part = w.kind == CollKind::kAllToAll ? w.send_bytes / 2 : w.send_bytes;
-  if (cma && n == 2 && (w.kind == CollKind::kAllGather || w.kind == CollKind::kAllToAll) && part >= kCmaMin &&
-      part <= kCmaMax) {
+  if (cma && n == 2 && (w.kind == CollKind::kAllGather || w.kind == CollKind::kAllToAll) && part >= kCmaMin) {
     r.total = r.chunk = part;
     r.count = 1;
     r.cma = true;
@@ -93,11 +95,12 @@ Rounds rounds_of(const CclWork& w, int n, bool cma) {
 class ShmColl final : public DriverOp {
  public:
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
-          const CclWork& w, Rounds rounds, uint64_t first_seq)
+          const CclWork& w, Rounds rounds, uint64_t first_seq, std::shared_ptr<ScratchPool> pool)
       : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
         first_(first_seq), result_(core::Operation::make(comm.context().engine())),
         inline_(rounds.count == 1 && !rounds.cma &&
-                (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes) {
+                (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes),
+        aside_scratch_(ctx_, DeviceId{"cpu", 0}, std::move(pool)) {
     result_->engine()->segment_waits(+1, segs_);
   }
   ~ShmColl() override { end_wait(); }
@@ -191,7 +194,7 @@ class ShmColl final : public DriverOp {
     // An in-place all_to_all read the other's block aside: its place here was the block
     // the other was reading.
     if (rounds_.cma && w_.kind == CollKind::kAllToAll && w_.send == w_.recv)
-      std::memcpy(static_cast<uint8_t*>(w_.recv) + (1 - segs_->rank()) * rounds_.total, scratch_.data(), rounds_.total);
+      std::memcpy(static_cast<uint8_t*>(w_.recv) + (1 - segs_->rank()) * rounds_.total, aside_, rounds_.total);
     finished_ = true;
     end_wait();
     result_->complete(w_.result_bytes);
@@ -264,8 +267,10 @@ class ShmColl final : public DriverOp {
           if (!rounds_.cma) {
             std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
           } else if (w_.send == w_.recv) {  // 2 ranks: put in place by finish()
-            scratch_.resize(len);
-            HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, scratch_.data(), len));
+            auto p = aside_scratch_.get(len);
+            if (!p) return p.status();
+            aside_ = p.value();
+            HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, aside_, len));
           } else {
             HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, out + r * rounds_.total, len));
           }
@@ -366,7 +371,11 @@ class ShmColl final : public DriverOp {
   uint64_t current_ = 0;    // the round being read
   bool reduced_ = false;    // the current round's share is reduced and published
   bool draining_ = false;   // done reading; waiting for the others to finish with this rank
-  std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output; a block aside
+  std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output
+  // An in-place all_to_all's block aside, from the communicator's pool: blocks of 1 MiB
+  // and more are kept there, not faulted in afresh on every call.
+  Scratch aside_scratch_;
+  uint8_t* aside_ = nullptr;
   bool finished_ = false;
   bool waiting_ = true;
 };
@@ -393,7 +402,7 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   const Rounds rounds = rounds_of(w, segs->size(), segs->cma());
   if (rounds.count == 0) return std::nullopt;
   const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;
-  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first);
+  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first, state.scratch);
   Request result(op->result());
   Driver::of(ci.context().engine()).launch(std::move(op));
   return result;

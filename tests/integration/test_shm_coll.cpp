@@ -224,16 +224,18 @@ bool in_slots(RankEnv& e, const void* input, std::size_t at = 0) {
   return false;
 }
 
-// A 2-rank all_gather of 100 KiB per rank, and an all_to_all of 100 KiB per block, read the
-// other rank's buffer directly (cross-memory attach, where the ranks agreed they can):
-// exact in place and not, and their input never went through this rank's slots.
+// A 2-rank all_gather of 100 KiB and of 2 MiB (four slots' worth) per rank, and an
+// all_to_all of as much per block, read the other rank's buffer directly (cross-memory
+// attach, where the ranks agreed they can): exact in place and not, and their input never
+// went through this rank's slots.
 int check_cma_direct(RankEnv& e) {
   const int me = e.rank;
-  const std::size_t count = (100 << 10) / 4;
   const auto& segs = e.comm.impl().segments();
   HMC_EXPECT(segs != nullptr, "no segments");
+  for (std::size_t bytes : {std::size_t{100} << 10, std::size_t{2} << 20})
   for (bool in_place : {false, true}) {
-    const int k = in_place ? 10 : 9;
+    const std::size_t count = bytes / 4;
+    const int k = (in_place ? 10 : 9) + (bytes > coll::kSlotBytes ? 4 : 0);
     std::vector<int32_t> send(count), out(2 * count, -1);
     for (std::size_t i = 0; i < count; ++i) send[i] = in(k, me, i);
     if (in_place) std::copy(send.begin(), send.end(), out.begin() + me * count);
@@ -241,7 +243,9 @@ int check_cma_direct(RankEnv& e) {
     HMC_EXPECT_OK(all_gather(e.comm, from, out.data(), count, DataType::kInt32).wait(kWait));
     for (std::size_t j = 0; j < out.size(); ++j)
       HMC_EXPECT(out[j] == in(k, static_cast<int>(j / count), j % count), "all_gather element " + std::to_string(j));
-    HMC_EXPECT(!segs->cma() || !in_slots(e, send.data()), "the all_gather input went through a slot");
+    // Through the slots, the last round's part of the input would still be in one.
+    const std::size_t last = (bytes - 1) / coll::kSlotBytes * coll::kSlotBytes / 4;
+    HMC_EXPECT(!segs->cma() || !in_slots(e, from + last), "the all_gather input went through a slot");
     // all_to_all: block j of rank r goes to rank j.
     std::vector<int32_t> a2a(2 * count), got(2 * count, -1);
     for (std::size_t i = 0; i < 2 * count; ++i) a2a[i] = in(k + 2, me, i);
@@ -250,9 +254,12 @@ int check_cma_direct(RankEnv& e) {
     for (std::size_t j = 0; j < got.size(); ++j)
       HMC_EXPECT(got[j] == in(k + 2, static_cast<int>(j / count), me * count + j % count),
                  std::string("all_to_all") + (in_place ? " (in place)" : "") + " element " + std::to_string(j));
-    // Through the slots, the block for the other rank would sit at its place there.
+    // Through the slots, the last round's part of the block for the other rank would sit
+    // at its place in one.
     const std::size_t other = static_cast<std::size_t>(1 - me) * count;
-    HMC_EXPECT(!segs->cma() || !in_slots(e, a2a.data() + other, other * sizeof(int32_t)),
+    const std::size_t part = std::min(bytes, coll::kSlotBytes / 2 / 64 * 64);
+    const std::size_t last_part = (bytes - 1) / part * part / 4;
+    HMC_EXPECT(!segs->cma() || !in_slots(e, a2a.data() + other + last_part, (1 - me) * part),
                "the all_to_all input went through a slot");
   }
   if (!segs->cma()) std::fprintf(stderr, "rank %d: no cross-memory attach here; the slots were used\n", me);
@@ -360,6 +367,6 @@ TEST_CASE("small collectives commit only the segment pages they touch", "[collec
   run(2, true, [](RankEnv& e, bool) { return check_lazy_pages(e); }, {{"HMC_CCL", "off"}});
 }
 
-TEST_CASE("mid-size all_gather and all_to_all of 2 ranks read the other rank's buffer directly", "[collectives][shm]") {
+TEST_CASE("all_gather and all_to_all of 2 ranks from 32 KiB read the other rank's buffer directly", "[collectives][shm]") {
   run(2, true, [](RankEnv& e, bool) { return check_cma_direct(e); }, {{"HMC_CCL", "off"}});
 }
