@@ -100,7 +100,7 @@ class ShmColl final : public DriverOp {
         first_(first_seq), result_(core::Operation::make(comm.context().engine())),
         inline_(rounds.count == 1 && !rounds.cma &&
                 (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes),
-        aside_scratch_(ctx_, DeviceId{"cpu", 0}, std::move(pool)) {
+        pool_(std::move(pool)) {
     result_->engine()->segment_waits(+1, segs_);
   }
   ~ShmColl() override { end_wait(); }
@@ -267,7 +267,8 @@ class ShmColl final : public DriverOp {
           if (!rounds_.cma) {
             std::memcpy(out + r * rounds_.total + off, data(r, s) + me * len, len);
           } else if (w_.send == w_.recv) {  // 2 ranks: put in place by finish()
-            auto p = aside_scratch_.get(len);
+            if (!aside_scratch_) aside_scratch_.emplace(ctx_, DeviceId{"cpu", 0}, pool_);
+            auto p = aside_scratch_->get(len);
             if (!p) return p.status();
             aside_ = p.value();
             HMC_RETURN_IF_ERROR(read_from(r, s, me * rounds_.total, aside_, len));
@@ -372,9 +373,10 @@ class ShmColl final : public DriverOp {
   bool reduced_ = false;    // the current round's share is reduced and published
   bool draining_ = false;   // done reading; waiting for the others to finish with this rank
   std::vector<uint8_t> scratch_;  // a reduce's share on a rank without output
-  // An in-place all_to_all's block aside, from the communicator's pool: blocks of 1 MiB
-  // and more are kept there, not faulted in afresh on every call.
-  Scratch aside_scratch_;
+  // An in-place all_to_all's block aside, from the communicator's pool (given to such calls
+  // only): blocks of 1 MiB and more are kept there, not faulted in afresh on every call.
+  std::shared_ptr<ScratchPool> pool_;
+  std::optional<Scratch> aside_scratch_;
   uint8_t* aside_ = nullptr;
   bool finished_ = false;
   bool waiting_ = true;
@@ -402,7 +404,8 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   const Rounds rounds = rounds_of(w, segs->size(), segs->cma());
   if (rounds.count == 0) return std::nullopt;
   const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;
-  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first, state.scratch);
+  const bool aside = rounds.cma && w.kind == CollKind::kAllToAll && w.send == w.recv;
+  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first, aside ? state.scratch : nullptr);
   Request result(op->result());
   Driver::of(ci.context().engine()).launch(std::move(op));
   return result;
