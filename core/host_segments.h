@@ -72,6 +72,10 @@ class HostSegments {
   void end_sleep();
   void ring_peers();
   void ring_own() { ring(rank_); }
+  // This process's collectives pending on these segments (ProgressEngine::segment_waits):
+  // adds `delta`, returns the new count.
+  int count_pending(int delta) { return pending_.fetch_add(delta, std::memory_order_acq_rel) + delta; }
+  bool pending() const { return pending_.load(std::memory_order_acquire) > 0; }
 
  private:
   friend class CommImpl;
@@ -87,6 +91,7 @@ class HostSegments {
   std::vector<int> pids_;
   bool cma_ = false;
   std::atomic<bool> has_failed_{false};  // polled by every wait; failed_ only once set
+  std::atomic<int> pending_{0};
   mutable std::mutex mu_;
   Status failed_;
 };

@@ -71,17 +71,19 @@ constexpr std::chrono::microseconds kBellSlice{20000};
 
 void ProgressEngine::segment_waits(int delta, const std::shared_ptr<HostSegments>& segs) {
   segment_waits_.fetch_add(delta, std::memory_order_relaxed);
+  // Every collective passes here twice, so only a count that crosses zero takes mu_; the
+  // list then follows the count as it stands, which settles two crossings from different
+  // threads whichever locks last.
+  const int now = segs->count_pending(delta);
+  if (now != (delta > 0 ? delta : 0)) return;
   std::lock_guard lock(mu_);
-  auto it = std::find_if(bells_.begin(), bells_.end(), [&](const auto& b) { return b.first == segs; });
-  if (it == bells_.end()) {
-    if (delta > 0) bells_.emplace_back(segs, delta);
-  } else if ((it->second += delta) <= 0) {
-    bells_.erase(it);
-  }
+  auto it = std::find(bells_.begin(), bells_.end(), segs);
+  if (segs->pending() && it == bells_.end()) bells_.push_back(segs);
+  else if (!segs->pending() && it != bells_.end()) bells_.erase(it);
 }
 
 std::shared_ptr<HostSegments> ProgressEngine::single_bell() const {
-  return bells_.size() == 1 ? bells_.front().first : nullptr;
+  return bells_.size() == 1 ? bells_.front() : nullptr;
 }
 
 void ProgressEngine::add(Progressable* p) {
@@ -132,7 +134,7 @@ void ProgressEngine::wake() {
     std::lock_guard lock(mu_);
     cv_.notify_all();
     if (bell_sleepers_ > 0)
-      for (auto& [segs, n] : bells_) segs->ring_own();
+      for (auto& segs : bells_) segs->ring_own();
   }
 }
 

@@ -92,9 +92,9 @@ class ProgressEngine {
   std::atomic<int> yield_every_{1};
   std::atomic<int> segment_waits_{0};
   int holds_ = 0;  // guarded by mu_
-  // Segments of pending collectives, with how many each (guarded by mu_), and how many
-  // waiters sleep on a bell rather than on cv_ (guarded by mu_).
-  std::vector<std::pair<std::shared_ptr<HostSegments>, int>> bells_;
+  // Segments with collectives pending (guarded by mu_), and how many waiters sleep on a
+  // bell rather than on cv_ (guarded by mu_).
+  std::vector<std::shared_ptr<HostSegments>> bells_;
   int bell_sleepers_ = 0;
   std::shared_ptr<HostSegments> single_bell() const;  // with mu_ held
   std::thread background_;
