@@ -31,6 +31,12 @@ std::map<std::string, std::string> shm(bool on) {
   return {{"HMC_TIMEOUT", "30s"}, {"HMC_SHM_COLL", on ? "1" : "0"}};
 }
 
+// CLOCK_MONOTONIC in microseconds: one clock for every process of the host.
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Value element i of rank r contributes to call k.
 int32_t in(int k, int r, std::size_t i) { return static_cast<int32_t>(k * 1000 + r * 10 + static_cast<int>(i)); }
 
@@ -167,8 +173,6 @@ int check_large_rooted(RankEnv& e) {
 int check_barrier(RankEnv& e) {
   const int n = e.size;
   auto& seq = coll::comm_state(e.comm.impl()).shm->next;
-  auto now_us = [] { return std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch()).count(); };
   for (int k = 0; k < 20; ++k) {
     if (k % n == e.rank) usleep(20000);
     const int64_t entered = now_us(), before = static_cast<int64_t>(seq.load());
@@ -187,10 +191,13 @@ int check_barrier(RankEnv& e) {
 // A waiter asleep on the segments (its peer 30 ms late) is woken by the peer's write, not
 // by the end of its sleep (kBellSlice, 20 ms, core/progress.cpp): over 9 rounds the
 // median time from the late rank's arrival to the early rank's return stays under 2 ms.
-// Without the ring it is spread over the slice (median about 10 ms).
+// Without the ring it is spread over the slice (median about 10 ms); a waiter that never
+// sleeps on the bell (the condition variable instead) is caught by the count of rings.
 int check_bell(RankEnv& e) {
-  auto now_us = [] { return std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  // The bell is this rank's futex word: rank 0 must have slept on it, and rank 1 rung it.
+  const auto* bell = reinterpret_cast<const uint32_t*>(e.comm.impl().segments()->of(e.rank) +
+                                                       core::HostSegments::kBellOff);
+  const uint32_t rung_before = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
   std::vector<int64_t> late_by;
   for (int k = 0; k < 9; ++k) {
     int64_t arrived = 0, when = 0;
@@ -211,6 +218,8 @@ int check_bell(RankEnv& e) {
   std::string all;
   for (int64_t t : late_by) all += " " + std::to_string(t);
   HMC_EXPECT(late_by[4] < 2000, "rank 0 returned this many us after rank 1 arrived:" + all);
+  const uint32_t rings = __atomic_load_n(bell, __ATOMIC_ACQUIRE) - rung_before;
+  HMC_EXPECT(rings >= 5, "rank 0's bell rang " + std::to_string(rings) + " times in 9 late rounds");
   return 0;
 }
 
