@@ -292,6 +292,9 @@ Status CommImpl::finalize() {
   // waiting for the refusal of a rendezvous send that only reaches us now (its receive
   // here failed or never came), and would otherwise hold everyone until the deadline.
   std::atomic<bool> barrier_done{false};
+  // A peer released from the barrier first closes its connections, which this rank may see
+  // before its own release: no warning for that (a peer that really died fails the barrier).
+  finalizing_ = true;
   Status s;
   try {
     std::thread barrier([&] {

@@ -189,6 +189,7 @@ class CommImpl : public Progressable {
   mutable std::mutex mu_;
   std::atomic<bool> lost_changed_{false};
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
+  std::atomic<bool> finalizing_{false};  // finalize reached its barrier
   uint64_t next_id_ = 1;
   bool registered_ = false;
   // Wire buffers of post_msg: one stays with its send until the provider completed it

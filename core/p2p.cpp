@@ -509,8 +509,9 @@ void CommImpl::mark_lost(Peer& p, Status why) {
     why = {ErrorCode::kPeerLost, why.message()};
   if (why.message().find("rank " + std::to_string(p.rank)) == std::string::npos)
     why = {why.code(), describe(p) + ": " + why.message()};
-  // After finalize/abort closing connections is expected: not worth a warning.
-  if (state_.load() == 0) HMC_LOG("core", warn, "peer lost: {}", why.message());
+  // Once finalize reached its barrier, or after abort, closing connections is expected.
+  if (state_.load() == 0 && !finalizing_.load()) HMC_LOG("core", warn, "peer lost: {}", why.message());
+  else HMC_LOG("core", debug, "peer closing: {}", why.message());
   p.lost = why;
   if (segments_) segments_->fail(why);
   for (auto& r : p.posted) r.op->fail(why);
