@@ -103,6 +103,7 @@ Status CommImpl::setup(const UniqueId& id) {
     p.path.device_path = device_path(mine, p.card, p.path.provider);
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
     p.ipc_ok = p.net && p.card.host_id == mine.host_id;
+    p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);
@@ -133,6 +134,13 @@ Status CommImpl::setup(const UniqueId& id) {
   ctx_.engine()->add(this);
   registered_ = true;
   return {};
+}
+
+std::size_t CommImpl::eager_limit_for(const Peer& p, bool same_host) const {
+  if (!p.net || ctx_.config().is_set("HMC_EAGER_LIMIT")) return eager_limit_;
+  const hmc_net_props_t& props = p.net->net_props;
+  const std::size_t advice = same_host ? props.eager_limit_same_host : props.eager_limit_remote;
+  return advice > 0 ? std::min(eager_limit_, advice) : eager_limit_;
 }
 
 Status CommImpl::check_hello(const Hello& h, const std::string& provider, const Secret& secret) const {

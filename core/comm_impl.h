@@ -1,7 +1,8 @@
 // CommImpl: one communicator's peers, paths, connections and point-to-point engine.
 //
 // Tag matching and rendezvous are built on the net ABI's ordered messages and puts:
-//   - up to HMC_EAGER_LIMIT bytes travel inside one EAGER message;
+//   - up to the peer's eager limit (HMC_EAGER_LIMIT, or lower where the path provider
+//     advises it for the pair class) bytes travel inside one EAGER message;
 //   - larger ones: RTS -> receiver registers its buffer -> CTS(rkey) -> sender puts the
 //     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering).
 // A receive matches the first message of the same peer and tag, in order.
@@ -141,6 +142,10 @@ class CommImpl : public Progressable {
   Status connect_all(const Secret& secret, Clock::time_point deadline);
   Status check_hello(const Hello& h, const std::string& provider, const Secret& secret) const;
   void post_ctrl_recv(Peer& p, CtrlSlot& slot);
+  // The largest message sent to `p` eagerly (PathInfo::eager_limit): HMC_EAGER_LIMIT where
+  // the user set it, else the lower of it and the path provider's advice for the pair class.
+  // Only ever lower than eager_limit_, which sizes every receiver's control slots.
+  std::size_t eager_limit_for(const Peer& p, bool same_host) const;
 
   // p2p engine (p2p.cpp)
   void post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,

@@ -107,7 +107,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_PROVIDERS", ParamType::kList, "", "providers to use: 'a,b' keeps only those, '^c' excludes c"},
       {"HMC_PROVIDER_PATH", ParamType::kString, "", "colon-separated folders searched for provider plugins before the one next to libhmc"},
       {"HMC_PATH", ParamType::kString, "", "force a net provider: 'tcp' for every pair, or per pair class 'same_host=shm,remote=tcp'"},
-      {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put"},
+      {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put. Unset, a pair's limit may be lower where its net provider advises it (ucx over shared memory: 32K); set, it holds for every pair (set alike on every rank)"},
       {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'tree', 'pairwise', or per collective 'all_reduce=ring,all_gather=rd'"},
       {"HMC_HOST_REGISTER", ParamType::kSize, "1M", "host memory a device copies this much or more of at once (an HMC allocation, a peer's buffer imported for IPC) is registered (page-locked) with that device's provider for pinned copy speed; 0: never"},

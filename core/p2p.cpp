@@ -86,7 +86,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
   // Device bytes that travel inside a message are copied to the host first.
   std::vector<uint8_t> host;
-  if (device && (!p.net || bytes <= eager_limit_)) {
+  if (device && (!p.net || bytes <= p.path.eager_limit)) {
     host.resize(bytes);
     if (Status s = ctx_.copy(host.data(), buf, bytes); !s.ok()) return Operation::failed(s);
     data = host.data();
@@ -105,7 +105,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
     op->complete(bytes);
     return op;
   }
-  if (bytes <= eager_limit_) {
+  if (bytes <= p.path.eager_limit) {
     post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, [op, bytes](const Status& s) {
       if (s.ok()) op->complete(bytes);
       else op->fail(s);

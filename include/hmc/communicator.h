@@ -38,6 +38,10 @@ struct PathInfo {
   std::string reason;    // why it won (or was forced by HMC_PATH)
   std::string device_path;  // how device memory moves to this peer (IPC, or staged through host)
   std::vector<PathCandidate> candidates;  // best first, unusable last
+  // Messages up to this size travel inside one message; larger ones by rendezvous (the
+  // receiver's buffer registered, the data put into it). HMC_EAGER_LIMIT, or the provider's
+  // advice for this pair class where it is lower and HMC_EAGER_LIMIT is not set.
+  std::size_t eager_limit = 0;
 };
 
 struct PeerInfo {

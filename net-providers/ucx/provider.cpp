@@ -57,6 +57,8 @@ void Provider::props(hmc_net_props_t& p) const {
   p.latency_us = latency_us_;
   p.bandwidth_gbps = bandwidth_gbps_;
   p.max_msg_size = kMaxMessage;
+  if (p.struct_size >= offsetof(hmc_net_props_t, eager_limit_same_host) + sizeof(size_t))
+    p.eager_limit_same_host = eager_limit_same_host_;
 }
 
 void Provider::watch(int fd, uint64_t t, uint32_t events) {
@@ -281,6 +283,11 @@ int Provider::start(std::string& why) {
           std::string(tls.empty() ? "UCX_TLS" : "HMC_UCX_TLS=" + tls) + " gives only self)";
     return HMC_PROV_ERR_UNAVAILABLE;
   }
+  // Peers on this host talk over posix/sysv when UCX has them. A message there is an
+  // active message that UCX moves in 8 KiB fragments through a bounce buffer, while a
+  // put into memory from mem_alloc is one memcpy: past 32 KiB the host's rendezvous
+  // wins even into malloc memory, where UCX emulates the put (docs/ucx.md).
+  if (names.contains("posix") || names.contains("sysv")) eager_limit_same_host_ = kShmEagerLimit;
   // Cost-model inputs for the class of transport that serves the slowest peers
   // (docs/ucx.md has the measurements behind them).
   if (has_rdma) {

@@ -55,6 +55,8 @@ inline constexpr hmc_param_t kParams[] = {
 
 inline constexpr unsigned kAmId = 0x4d;  // "M"
 inline constexpr size_t kMaxMessage = size_t{1} << 30;
+// Advice for peers reached through shared memory (hmc_net_props_t::eager_limit_same_host).
+inline constexpr size_t kShmEagerLimit = 32 * 1024;
 
 enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke };
 
@@ -299,6 +301,7 @@ class Provider {
   std::string transports_;  // what UCX selected, e.g. "tcp,posix,cma"
   bool peer_errors_ = true;  // endpoints in UCP_ERR_HANDLING_MODE_PEER (else NONE)
   double latency_us_ = 0, bandwidth_gbps_ = 0;
+  size_t eager_limit_same_host_ = 0;  // props advice; 0 = none
   std::string bind_addr_;
   uint16_t port_ = 0;
   int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;

@@ -62,7 +62,7 @@ void fini(void* state) {
 }
 
 int props(void* state, hmc_net_props_t* props) {
-  if (props == nullptr || props->struct_size < sizeof(hmc_net_props_t)) return HMC_PROV_ERR_INVALID;
+  if (props == nullptr || props->struct_size < HMC_NET_PROPS_V1_SIZE) return HMC_PROV_ERR_INVALID;
   return hmc_net::guarded<Provider>(state, [&](Provider& p) {
     p.props(*props);
     return HMC_PROV_OK;

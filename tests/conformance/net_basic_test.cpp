@@ -97,6 +97,22 @@ TEST_CASE("net: init refuses malformed parameters and props are sane", "[net][in
     CHECK(props.latency_us > 0);
     CHECK(props.bandwidth_gbps > 0);
     CHECK(props.max_msg_size > 0);
+    // Advice, where given, names a message size the provider carries.
+    CHECK(props.eager_limit_same_host <= props.max_msg_size);
+    CHECK(props.eager_limit_remote <= props.max_msg_size);
+
+    // A host built before fields were appended passes the v1 struct: the provider answers
+    // and writes nothing past it.
+    alignas(hmc_net_props_t) unsigned char raw[sizeof(hmc_net_props_t) + 64];
+    std::memset(raw, 0xA5, sizeof(raw));
+    auto* old = reinterpret_cast<hmc_net_props_t*>(raw);
+    old->struct_size = HMC_NET_PROPS_V1_SIZE;
+    REQUIRE(s.p->props(s.state, old) == HMC_PROV_OK);
+    CHECK(old->max_msg_size == props.max_msg_size);
+    size_t touched = 0;
+    for (size_t i = HMC_NET_PROPS_V1_SIZE; i < sizeof(raw); ++i) touched += raw[i] != 0xA5;
+    INFO("bytes written past the v1 struct: " << touched);
+    CHECK(touched == 0);
 
     for (size_t i = 0; i < s.p->num_params; ++i) {
       const hmc_param_t& q = s.p->params[i];

@@ -123,6 +123,67 @@ TEST_CASE("ucx: loses to shm on one host, beats nothing it should not, and can b
   }
 }
 
+// Over shared memory ucx advises rendezvous past 32 KiB (a put into the receiver's buffer
+// beats an active message in 8 KiB fragments); over tcp it gives no advice, and a
+// HMC_EAGER_LIMIT the user set wins over the advice. What decides is visible: an eager
+// send completes before its receive is posted, a rendezvous send waits for the receiver.
+TEST_CASE("ucx: the eager limit follows ucx's advice per transport unless HMC_EAGER_LIMIT is set", "[ucx][eager]") {
+  if (!have_ucx()) {
+    WARN("ucx provider unavailable here: skipped");
+    return;
+  }
+  for (const auto& tls : kTransports) {
+    for (const bool user_limit : {false, true}) {
+      for (const bool from_alloc : {true, false}) {
+        const std::size_t want = tls == "shm" && !user_limit ? 32u << 10 : 64u << 10;
+        DYNAMIC_SECTION("UCX transports " << tls << (user_limit ? ", HMC_EAGER_LIMIT=64K" : "")
+                                          << (from_alloc ? ", Context::alloc" : ", malloc")) {
+          std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
+          if (user_limit) s["HMC_EAGER_LIMIT"] = "64K";
+          auto exits = test::run_ranks(2, s, [want, from_alloc](RankEnv& e) {
+            const int peer = 1 - e.rank;
+            HMC_EXPECT(e.comm.path(peer).eager_limit == want,
+                       "eager limit " + std::to_string(e.comm.path(peer).eager_limit) + ", want " + std::to_string(want));
+            for (const std::size_t bytes : {std::size_t{32} << 10, std::size_t{48} << 10}) {
+              const bool eager = bytes <= want;
+              auto data = test::random_bytes(bytes, bytes + want);
+              char go = 1;
+              if (e.rank == 0) {
+                Request send = e.comm.isend(data.data(), bytes, 1, 7);
+                Status early = send.wait(std::chrono::milliseconds(eager ? 5000 : 300));
+                HMC_EXPECT(early.ok() == eager, std::to_string(bytes) + " B send before its receive was posted: " +
+                                                    early.to_string() + (eager ? " (should be eager)" : " (should wait)"));
+                HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 8));
+                HMC_EXPECT_OK(send.wait());
+                continue;
+              }
+              HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 8));
+              Memory mem;
+              std::vector<uint8_t> heap;
+              uint8_t* got = nullptr;
+              if (from_alloc) {
+                auto m = e.ctx.alloc({"cpu", 0}, bytes);
+                HMC_EXPECT(m.ok(), m.status().to_string());
+                mem = std::move(m.value());
+                got = static_cast<uint8_t*>(mem.data());
+              } else {
+                heap.assign(bytes, 0);
+                got = heap.data();
+              }
+              std::memset(got, 0xEE, bytes);
+              HMC_EXPECT_OK(e.comm.recv(got, bytes, 0, 7));
+              HMC_EXPECT(std::memcmp(got, data.data(), bytes) == 0, std::to_string(bytes) + " B: data differs");
+            }
+            return 0;
+          });
+          INFO(test::describe(exits));
+          REQUIRE(test::all_ok(exits));
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 // The /proc/self/maps line of the mapping that holds `p` ("" when none does).

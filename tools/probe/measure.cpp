@@ -1,4 +1,5 @@
 // Measuring each pair's path: one pair at a time so pairs do not disturb each other.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -17,8 +18,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
 Result<double> bandwidth(Communicator& c, int peer, bool sender, Memory& buf, int iters) {
   uint8_t ack = 0;
-  for (int round = 0; round < 2; ++round) {  // round 0 warms up connections and registrations
-    int n = round == 0 ? 2 : iters;
+  for (int round = 0; round < 2; ++round) {  // round 0 warms up connections, registrations, caches
+    int n = round == 0 ? std::max(2, iters / 10) : iters;
     auto t0 = Clock::now();
     std::vector<Request> reqs;
     for (int i = 0; i < n; ++i) {
@@ -103,7 +104,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
         const auto& from = devices.value()[a], to = devices.value()[b];
         const bool host = from.starts_with("cpu") && to.starts_with("cpu");
         mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
-                        host ? "" : c.path(b).device_path, bw.value(), lat.value()});
+                        host ? "" : c.path(b).device_path, bw.value(), lat.value(), c.path(b).eager_limit});
       }
     }
   }
@@ -112,11 +113,12 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   for (const auto& f : mine)
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                     {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
-                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}});
+                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"eager", f.eager_limit}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
-      all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"]});
+      all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"],
+                     r["eager"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

@@ -23,6 +23,12 @@ std::string human(std::size_t b) {
   return s;
 }
 
+// 65536 -> "64K": one word, for a table column.
+std::string short_size(std::size_t b) {
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b / 1024) + "K";
+  return std::to_string(b);
+}
+
 }  // namespace
 
 nlohmann::json providers_json(const Context& ctx) {
@@ -58,12 +64,12 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
   std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s messages, latency half a round trip of 8 B)\n",
               size, human(bytes).c_str());
-  std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
-              "lat us", "why");
+  std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %-7s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
+              "lat us", "eager", "why");
   for (const auto& f : figs)
-    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.1f  %s%s%s\n", f.from, f.to, f.from_device.c_str(),
-                f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, f.reason.c_str(),
-                f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
+    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.1f  %-7s %s%s%s\n", f.from, f.to, f.from_device.c_str(),
+                f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, short_size(f.eager_limit).c_str(),
+                f.reason.c_str(), f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
   std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
               human(bytes).c_str(), memcpy_ref, tcp_ref);
   for (const auto& f : figs) {
@@ -82,7 +88,7 @@ nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::
     j["pairs"].push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                           {"peer_host", f.peer_host}, {"from_device", f.from_device}, {"to_device", f.to_device},
                           {"device_path", f.device_path}, {"bandwidth_gbps", f.bandwidth_gbps},
-                          {"latency_us", f.latency_us}});
+                          {"latency_us", f.latency_us}, {"eager_limit", f.eager_limit}});
   return j;
 }
 

@@ -54,7 +54,21 @@ typedef struct hmc_net_props {
   double latency_us;     /* small message, one way, estimate for the cost model */
   double bandwidth_gbps; /* large transfers, 1e9 bytes/s, estimate for the cost model */
   size_t max_msg_size;   /* largest send_msg */
+  /* Appended to ABI v1. The host fills struct_size and zeroes the struct; a
+   * provider accepts any struct_size from HMC_NET_PROPS_V1_SIZE up and writes a
+   * field only when struct_size covers it, so older hosts and providers mix.
+   *
+   * Protocol advice per pair class: messages larger than this go faster as a
+   * rendezvous (the receiver's buffer registered, the data put into it) than
+   * inside one send_msg, for peers on this host / on other hosts. 0: no advice
+   * (the host's HMC_EAGER_LIMIT). The host never sends eagerly above its own
+   * limit, whatever the advice. */
+  size_t eager_limit_same_host;
+  size_t eager_limit_remote;
 } hmc_net_props_t;
+
+/* The size of hmc_net_props_t before anything was appended to it. */
+#define HMC_NET_PROPS_V1_SIZE (offsetof(hmc_net_props_t, max_msg_size) + sizeof(size_t))
 
 typedef struct hmc_net_provider {
   size_t struct_size;
