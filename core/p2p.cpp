@@ -613,7 +613,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
                                                            std::to_string(k->region_bytes) + " bytes"});
   auto op = Operation::make(ctx_.engine());
   if (!p.net) {  // self: the key's "self" entry is {pid, address}
-    const auto* self = k->find("self");
+    const auto self = k->find("self");
     int64_t pid = 0;
     uint64_t addr = 0;
     if (!self || self->size() != 16) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});
@@ -625,7 +625,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     op->complete(bytes);
     return op;
   }
-  const auto* rkey = k->find(p.path.provider);
+  const auto rkey = k->find(p.path.provider);
   if (!rkey) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no entry for " + p.path.provider +
                                                                          " (registered by another communicator?)"});
   // A device source is copied to the host first; the copy lives until the put is done.

@@ -19,7 +19,7 @@ void put_raw(std::vector<uint8_t>& out, T v) {
 }
 
 struct Reader {
-  const std::vector<uint8_t>& b;
+  std::span<const uint8_t> b;
   std::size_t at = 0;
   bool ok = true;
   template <class T>
@@ -30,13 +30,27 @@ struct Reader {
     at += sizeof(T);
     return v;
   }
-  std::vector<uint8_t> bytes(std::size_t n) {
+  std::span<const uint8_t> bytes(std::size_t n) {
     if (at + n > b.size()) { ok = false; return {}; }
-    std::vector<uint8_t> v(b.begin() + at, b.begin() + at + n);
+    auto v = b.subspan(at, n);
     at += n;
     return v;
   }
 };
+
+// Walks `count` entries; calls visit(name, key) for each until it returns true. False when
+// the entries are cut short.
+template <class Visit>
+bool walk_entries(std::span<const uint8_t> entries, uint32_t count, Visit visit) {
+  Reader r{entries};
+  for (uint32_t i = 0; i < count; ++i) {
+    auto name = r.bytes(r.get<uint8_t>());
+    auto key = r.bytes(r.get<uint16_t>());
+    if (!r.ok) return false;
+    if (visit(std::string_view(reinterpret_cast<const char*>(name.data()), name.size()), key)) return true;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -81,10 +95,13 @@ std::vector<uint8_t> Registration::pack() const {
   return out;
 }
 
-const std::vector<uint8_t>* UnpackedKey::find(const std::string& name) const {
-  for (const auto& [n, k] : entries)
-    if (n == name) return &k;
-  return nullptr;
+std::optional<std::span<const uint8_t>> UnpackedKey::find(std::string_view name) const {
+  std::optional<std::span<const uint8_t>> found;
+  walk_entries(entries_, count_, [&](std::string_view n, std::span<const uint8_t> key) {
+    if (n == name) found = key;
+    return found.has_value();
+  });
+  return found;
 }
 
 Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes) {
@@ -93,15 +110,12 @@ Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes) {
   uint32_t magic = r.get<uint32_t>();
   uint32_t version = r.get<uint32_t>();
   k.region_bytes = r.get<uint64_t>();
-  uint32_t n = r.get<uint32_t>();
-  if (!r.ok || magic != kKeyMagic || version != kKeyVersion || n > 64)
+  k.count_ = r.get<uint32_t>();
+  if (!r.ok || magic != kKeyMagic || version != kKeyVersion || k.count_ > 64)
     return Status(ErrorCode::kInvalidArgument, "not an HMC remote key (MemoryRegion::pack makes them)");
-  for (uint32_t i = 0; i < n && r.ok; ++i) {
-    auto name_bytes = r.bytes(r.get<uint8_t>());
-    auto key = r.bytes(r.get<uint16_t>());
-    k.entries.emplace_back(std::string(name_bytes.begin(), name_bytes.end()), std::move(key));
-  }
-  if (!r.ok) return Status(ErrorCode::kInvalidArgument, "truncated remote key");
+  k.entries_ = std::span<const uint8_t>(bytes).subspan(r.at);
+  if (!walk_entries(k.entries_, k.count_, [](std::string_view, std::span<const uint8_t>) { return false; }))
+    return Status(ErrorCode::kInvalidArgument, "truncated remote key");
   return k;
 }
 

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/plugin_registry.h"
@@ -39,10 +41,19 @@ class Registration {
   std::vector<Entry> entries_;
 };
 
-struct UnpackedKey {
+// A packed key, checked and read in place: find() returns a view into the bytes it was
+// unpacked from, which must outlive it. A put unpacks its key on every call, so nothing
+// is copied or allocated here.
+class UnpackedKey {
+ public:
   uint64_t region_bytes = 0;
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> entries;
-  const std::vector<uint8_t>* find(const std::string& name) const;
+  // The entry of provider `name` ("self" for the same process), or nullopt.
+  std::optional<std::span<const uint8_t>> find(std::string_view name) const;
+
+ private:
+  friend Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes);
+  std::span<const uint8_t> entries_;  // the entries, after the header
+  uint32_t count_ = 0;
 };
 Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes);
 

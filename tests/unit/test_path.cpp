@@ -95,7 +95,9 @@ TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]"
   auto key = unpack_key(reg.pack());
   REQUIRE(key.ok());
   CHECK(key->region_bytes == 100);
-  CHECK(key->find("self") != nullptr);
+  CHECK(key->find("self").has_value());
+  CHECK(key->find("self")->size() == 16);
+  CHECK_FALSE(key->find("nope").has_value());
   auto packed = reg.pack();
   packed.resize(packed.size() - 3);
   CHECK_FALSE(unpack_key(packed).ok());
