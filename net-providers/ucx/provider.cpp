@@ -145,7 +145,20 @@ void Provider::run() {
   std::vector<epoll_event> events(32);
   std::vector<std::pair<uint64_t, uint32_t>> ready;
   bool watching_ucx = true;  // start() put the worker's fd in the set
+  const timespec linger{0, std::chrono::nanoseconds(kLinger).count()};
   for (;;) {
+    // The host still polls and no socket spoke: nothing to do, and no reason to take mu_
+    // from the host's calls (this look comes every kLinger while the host is busy).
+    const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
+    if (ready.empty() && !watching_ucx && Clock::now().time_since_epoch() - polled < kLinger) {
+      int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &linger, nullptr);
+      for (int i = 0; i < n; ++i) {
+        const uint64_t t = events[i].data.u64;  // epoll_event is packed: copy, do not bind
+        const uint32_t ev = events[i].events;
+        ready.emplace_back(t, ev);
+      }
+      continue;  // stop_ comes with a write to the eventfd: ready, and handled below
+    }
     bool host_polls = false;
     bool armed = false;  // the worker will signal its fd: the thread may sleep
     {
@@ -181,7 +194,7 @@ void Provider::run() {
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
       watching_ucx = !host_polls;
     }
-    const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(kLinger).count()};
+    const timespec wait = armed ? timespec{1, 0} : linger;
     int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
     for (int i = 0; i < n; ++i) {
       const uint64_t t = events[i].data.u64;

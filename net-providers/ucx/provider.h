@@ -160,7 +160,7 @@ struct Conn {
   std::deque<Op*> held;                 // sends waiting for earlier puts to finish
   size_t puts = 0;                      // puts not yet complete: later sends wait
   std::map<uint64_t, PendingPut> checking;  // puts waiting for the target's verdict
-  std::map<std::string, VerifiedKey> keys;  // keys the target accepted
+  std::map<std::string, VerifiedKey, std::less<>> keys;  // keys the target accepted (found by view)
   std::set<Op*> ops;
 };
 

@@ -42,18 +42,17 @@ int Provider::put(void* conn, const void* src, size_t len, const void* rkey, siz
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
   if (c->state == Conn::kFailed) return c->error;
   if (c->state != Conn::kOpen) return HMC_PROV_ERR_INVALID;
-  PendingPut p{next_put_++, requests_.create(), static_cast<const char*>(src), len, offset,
-               std::string(static_cast<const char*>(rkey), rkey_len)};
+  const std::string_view key(static_cast<const char*>(rkey), rkey_len);
+  PendingPut p{next_put_++, requests_.create(), static_cast<const char*>(src), len, offset, {}};
   *req = p.req;
   ++c->puts;
-  auto k = c->keys.find(p.key);
-  if (k != c->keys.end()) {
-    start_put(*c, std::move(p), k->second);
+  if (auto k = c->keys.find(key); k != c->keys.end()) {
+    start_put(*c, std::move(p), k->second);  // the usual case: no copy of the key
   } else {
     const uint64_t id = p.id;
-    std::string key = p.key;
+    p.key.assign(key);
     c->checking.emplace(id, std::move(p));
-    send_control(*c, Kind::kCheck, id, offset, len, std::move(key));
+    send_control(*c, Kind::kCheck, id, offset, len, std::string(key));
   }
   unlock_and_wake(lock);
   return HMC_PROV_OK;
