@@ -40,7 +40,8 @@ TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
         const PathInfo& path = e.comm.path(1 - e.rank);
         HMC_EXPECT(path.provider == provider, "path is " + path.provider + ", expected " + provider);
         HMC_EXPECT(!path.reason.empty() && !path.candidates.empty(), "path has no reason or candidates");
-        const std::size_t sizes[] = {0, 1, 4095, 64 << 10, (64 << 10) + 1, 1 << 20, 16 << 20, 256u << 20};
+        const std::size_t eager = path.eager_limit;  // the last eager size and the first rendezvous
+        const std::size_t sizes[] = {0, 1, 4095, eager, eager + 1, 64 << 10, (64 << 10) + 1, 1 << 20, 16 << 20, 256u << 20};
         uint64_t seed = 1;
         for (std::size_t n : sizes)
           if (int rc = ping_pong(e, n, seed++)) return rc;
@@ -48,6 +49,49 @@ TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+// Each pair's eager limit is HMC_EAGER_LIMIT or the provider's lower advice (tcp and shm
+// give none; ucx's depends on its transports: tests/ucx), and a HMC_EAGER_LIMIT the user
+// set holds for every provider. The engine keeps to it: a send of the limit completes
+// before its receive is posted, one byte more waits for the receiver (rendezvous).
+TEST_CASE("the eager limit of a pair is the provider's advice unless HMC_EAGER_LIMIT is set", "[p2p][eager]") {
+  const std::map<std::string, std::size_t> advised = {{"shm", 64u << 10}, {"tcp", 64u << 10}};
+  for (const auto& provider : test::available_net_providers()) {
+    for (const bool user_limit : {false, true}) {
+      DYNAMIC_SECTION(provider << (user_limit ? ", HMC_EAGER_LIMIT=48K" : "")) {
+        auto settings = over(provider);
+        if (user_limit) settings["HMC_EAGER_LIMIT"] = "48K";
+        const auto known = advised.find(provider);
+        const std::size_t want = user_limit ? 48u << 10 : known != advised.end() ? known->second : 0;
+        auto exits = test::run_ranks(2, settings, [want](RankEnv& e) {
+          const std::size_t limit = e.comm.path(1 - e.rank).eager_limit;
+          HMC_EXPECT(want == 0 || limit == want, "eager limit " + std::to_string(limit) + ", want " + std::to_string(want));
+          for (const std::size_t bytes : {limit, limit + 1}) {
+            const bool eager = bytes <= limit;
+            auto data = test::random_bytes(bytes, bytes);
+            char go = 1;
+            if (e.rank == 0) {
+              Request send = e.comm.isend(data.data(), bytes, 1, 7);
+              Status early = send.wait(std::chrono::milliseconds(eager ? 5000 : 300));
+              HMC_EXPECT(early.ok() == eager, std::to_string(bytes) + " B sent before its receive was posted: " +
+                                                  early.to_string() + (eager ? " (should be eager)" : " (should wait)"));
+              HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 8));
+              HMC_EXPECT_OK(send.wait());
+            } else {
+              std::vector<uint8_t> got(bytes, 0xEE);
+              HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 8));
+              HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, 7));
+              HMC_EXPECT(got == data, std::to_string(bytes) + " B: data differs");
+            }
+          }
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
     }
   }
 }
