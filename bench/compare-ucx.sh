@@ -6,18 +6,24 @@
 # For each UCX transport set (UCX_TLS) and size, on this machine:
 #   HMC     hmc-probe --local 2 -b SIZE, forced onto ucx (HMC_PROVIDERS=cpu,ucx,
 #           HMC_PATH=ucx): one-way bandwidth of SIZE-byte send/recv messages
-#           (4 in flight, as hmc-probe measures) and half the round trip of 8 B;
-#   UCX     ucx_perftest ucp_put_bw -s SIZE (one-way put bandwidth, its own
-#           ucp_mem_map'd buffers) and tag_lat -s 8 (half a round trip), server
-#           and client on 127.0.0.1; for reference also tag_bw -s SIZE, UCX's own
-#           two-sided bandwidth (tagged send/recv, same buffers).
+#           (4 in flight, as hmc-probe measures; eager up to the eager limit the
+#           pair uses, printed, then rendezvous) and half the round trip of 8 B;
+#           and with --put the bandwidth of one-sided puts (Communicator::put,
+#           4 in flight, into the peer's registered buffer): what ucp_put_bw does;
+#   UCX     ucx_perftest, server and client on 127.0.0.1, its own ucp_mem_map'd
+#           buffers: ucp_put_bw -s SIZE (one-way puts, no synchronisation per
+#           message: the issue's reference), tag_bw -s SIZE (UCX's own two-sided
+#           bandwidth, tagged send/recv), tag_lat -s 8 and ucp_am_lat -s 8 (half a
+#           round trip; HMC's messages are UCP active messages).
+# Both sides run the same number of messages (ITERS, default 20000 below 1 MiB,
+# ITERS_LARGE, default 1000, from 1 MiB); ucx_perftest warms up with its default
+# 10000, hmc-probe with a tenth of its count.
 # HMC's buffers come from Context::alloc; with ucx the only net provider they
 # come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
 # table has the median of each. GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and
 # are converted). Every run has a deadline (RUN_TIMEOUT s, default 120) and is
-# reaped. Environment: REPEAT, ITERS (bandwidth messages, default 200; 4M: 50),
-# LAT_ITERS (default 2000).
+# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000).
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,7 +39,8 @@ while [ $# -gt 0 ]; do
     *) echo "compare-ucx: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-repeat=${REPEAT:-5} iters=${ITERS:-200} lat_iters=${LAT_ITERS:-2000} run_timeout=${RUN_TIMEOUT:-120}
+repeat=${REPEAT:-5} iters=${ITERS:-20000} iters_large=${ITERS_LARGE:-1000} lat_iters=${LAT_ITERS:-20000}
+run_timeout=${RUN_TIMEOUT:-120}
 probe="$build/bin/hmc-probe"
 for tool in "$probe" "$(command -v ucx_perftest || true)"; do
   [ -x "$tool" ] || { echo "compare-ucx: missing $tool (build hmc-probe; apt install ucx-utils)" >&2; exit 2; }
@@ -52,14 +59,16 @@ trap 'exit 130' INT TERM
 bytes_of() { numfmt --from=iec "$1"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-# hmc SIZE TLS -> "GBps lat_us" of the 0->1 pair
+# messages SIZE -> how many both sides run at that size
+messages() { if [ "$(bytes_of "$1")" -ge 1048576 ]; then echo "$iters_large"; else echo "$iters"; fi; }
+
+# hmc SIZE TLS [--put] -> "GBps lat_us eager_limit" of the 0->1 pair
 hmc() {
-  local n=$iters
-  [ "$(bytes_of "$1")" -ge 1048576 ] && n=$(( iters / 4 ))
   UCX_TLS=$2 HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx timeout "$run_timeout" \
-    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$n" --lat-iters "$lat_iters" > "$scratch/hmc" 2>&1 || {
+    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" ${3:-} \
+    > "$scratch/hmc" 2>&1 || {
     echo "compare-ucx: hmc-probe failed:" >&2; cat "$scratch/hmc" >&2; return 1; }
-  awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7; found = 1 } END { exit !found }' "$scratch/hmc" || {
+  awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7, $8; found = 1 } END { exit !found }' "$scratch/hmc" || {
     echo "compare-ucx: no ucx pair in hmc-probe's output:" >&2; cat "$scratch/hmc" >&2; return 1; }
 }
 
@@ -77,32 +86,39 @@ perftest() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s | %12s %12s %6s | %10s %10s %6s | %11s\n" UCX_TLS size "HMC GB/s" "put_bw GB/s" ratio \
-  "HMC lat us" "tag_lat us" ratio "tag_bw GB/s"
+printf "%-5s %6s %5s | %9s %9s | %9s %9s %9s | %9s %9s | %7s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" "HMC put" \
+  "put_bw" "s/r:put" "put:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio am_lat
+ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
-    n=$iters
-    [ "$b" -ge 1048576 ] && n=$(( iters / 4 ))
-    : > "$scratch/hb"; : > "$scratch/hl"; : > "$scratch/ub"; : > "$scratch/ul"; : > "$scratch/tb"
+    n=$(messages "$size")
+    for f in hb hp hl ub ul tb al; do : > "$scratch/$f"; done
+    eager=""
     for ((i = 0; i < repeat; i++)); do
-      read -r gbps lat < <(hmc "$size" "$tls")
+      read -r gbps lat eager < <(hmc "$size" "$tls")
       echo "$gbps" >> "$scratch/hb"; echo "$lat" >> "$scratch/hl"
+      read -r gbps _ _ < <(hmc "$size" "$tls" --put)
+      echo "$gbps" >> "$scratch/hp"
       # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall (MB/s = MiB/s)
-      perftest "$tls" ucp_put_bw "$b" "$(( n * 10 ))" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
-      perftest "$tls" tag_bw "$b" "$(( n * 10 ))" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
-      [ "$size" = "${sizes%% *}" ] && perftest "$tls" tag_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/ul"
+      perftest "$tls" ucp_put_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
+      perftest "$tls" tag_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
+      if [ "$size" = "${sizes%% *}" ]; then
+        perftest "$tls" tag_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/ul"
+        perftest "$tls" ucp_am_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/al"
+      fi
     done
-    hb=$(median < "$scratch/hb"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
+    hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/ul" ]; then
-      hl=$(median < "$scratch/hl"); ul=$(median < "$scratch/ul")
-      lat_cols=$(awk -v h="$hl" -v u="$ul" 'BEGIN { printf "%10.1f %10.1f %5.2fx", h, u, h / u }')
+      hl=$(median < "$scratch/hl"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
+      lat_cols=$(awk -v h="$hl" -v u="$ul" -v a="$al" 'BEGIN { printf "%7.2f %7.2f %5.1fx %7.2f", h, u, h / u, a }')
     else
-      lat_cols=$(printf "%10s %10s %6s" "" "" "")
+      lat_cols=$(printf "%7s %7s %6s %7s" "" "" "" "")
     fi
-    printf "%-5s %6s | %12.4f %12.4f %5.0f%% | %s | %11.4f\n" "$tls" "$size" "$hb" "$ub" \
-      "$(awk -v h="$hb" -v u="$ub" 'BEGIN { print 100 * h / u }')" "$lat_cols" "$tb"
+    printf "%-5s %6s %5s | %9.3f %9.3f | %9.3f %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" "$hp" "$ub" \
+      "$(ratio "$hb" "$ub")" "$(ratio "$hp" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$lat_cols"
   done
 done
-echo "HMC: hmc-probe --local 2 -b SIZE -n ITERS over ucx (send/recv: eager up to HMC_EAGER_LIMIT, then rendezvous put);"
-echo "UCX: ucx_perftest -t ucp_put_bw -s SIZE, -t tag_lat -s 8 (latency row: 8 B, at the first size), -t tag_bw -s SIZE."
+echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous put);"
+echo "HMC put: the same with --put (Communicator::put stream); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw,"
+echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."

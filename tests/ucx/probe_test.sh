@@ -8,6 +8,9 @@
 #   3. UCX_TLS=shm: the path matrix names shm and says ucx came second, with costs.
 #   4. HMC_HOST_ID=h{rank}: each local rank gets its own host id, so shm is ruled out
 #      and the pair goes over a network provider.
+#   5. --put over ucx with UCX_TLS=shm: the matrix measures puts, names ucx and the
+#      pair's eager limit (32K, ucx's advice over shared memory), with a bandwidth;
+#      --put with device buffers is refused.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -40,4 +43,11 @@ check "UCX_TLS=shm: shm chosen over ucx, with the costs" ' shm .*lowest modelled
 HMC_HOST_ID='h{rank}' run "$scratch/hosts" "$probe" --local 2 --timeout 60 -b 1M -n 3
 check "HMC_HOST_ID=h{rank}: the ranks look like two hosts" '^ +0 +1 +cpu:0 +cpu:0 +(tcp|ucx) ' "$scratch/hosts"
 if grep -Eq '^ +[01] +[01] +cpu:0 +cpu:0 +shm ' "$scratch/hosts"; then echo "FAILED: shm between two host ids"; fail=1; fi
+UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/put" "$probe" --local 2 --timeout 60 -b 1M -n 20 --put
+check "--put: the matrix measures puts" 'bandwidth one way with 1 MiB puts' "$scratch/put"
+check "--put: 0->1 over ucx, eager limit 32K, a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9]*[1-9][0-9]*\.[0-9]+ +[0-9.]+ +32K ' "$scratch/put"
+if timeout 60 "$probe" --local 2 --put -g cuda > "$scratch/put-dev" 2>&1; then
+  echo "FAILED: --put with device buffers was accepted"; cat "$scratch/put-dev"; fail=1
+fi
+check "--put with device buffers: refused with the reason" 'host buffers only' "$scratch/put-dev"
 exit $fail

@@ -4,6 +4,7 @@
 //   hmc-probe config           the configuration table
 //   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
 //   --device cuda / cuda@0     ... with buffers on GPUs (GPU<->GPU), or rank 0 only (GPU<->CPU)
+//   --put                      ... bandwidth of one-sided puts instead of send/recv
 //   --json                     machine-readable output
 #include <cstdio>
 #include <iostream>
@@ -29,8 +30,8 @@ int worker(const probe::MeasureOptions& opt, bool json) {
   if (comm->rank() == 0) {
     double mem = probe::memcpy_gbps(opt.bytes, opt.iters);
     double tcp = probe::tcp_stream_gbps(opt.bytes, opt.iters);
-    if (json) std::cout << probe::matrix_json(comm->size(), figs.value(), opt.bytes, mem, tcp).dump(2) << "\n";
-    else probe::print_matrix(comm->size(), figs.value(), opt.bytes, mem, tcp);
+    if (json) std::cout << probe::matrix_json(comm->size(), figs.value(), opt, mem, tcp).dump(2) << "\n";
+    else probe::print_matrix(comm->size(), figs.value(), opt, mem, tcp);
   }
   Status s = comm->finalize();
   return s.ok() ? 0 : (std::fprintf(stderr, "hmc-probe: finalize: %s\n", s.to_string().c_str()), 1);
@@ -54,6 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("-g,--device", opt.device,
                  "--local buffers on provider[:index][@ranks]: cuda = every rank on a GPU, cuda@0 = rank 0 on a GPU "
                  "and the others on cpu")->capture_default_str();
+  app.add_flag("--put", opt.put,
+               "--local bandwidth of one-sided puts (Communicator::put, 4 in flight, into the peer's registered "
+               "buffer) instead of send/recv; host buffers only");
   app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
   auto* config_cmd = app.add_subcommand("config", "print the configuration table");
   CLI11_PARSE(app, argc, argv);
@@ -66,6 +70,10 @@ int main(int argc, char** argv) {
   if (auto spec = tools::parse_device_spec(opt.device); !spec) {
     std::fprintf(stderr, "hmc-probe: %s\n", spec.status().message().c_str());
     return 2;
+  } else if (opt.put && spec->provider != "cpu") {
+    std::fprintf(stderr, "hmc-probe: --put measures host buffers only (a put into device memory needs a net "
+                         "provider that touches it)\n");
+    return 2;
   }
 
   if (rank_worker) return worker(opt, json);
@@ -73,6 +81,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {"--rank-worker", "-b", std::to_string(opt.bytes), "-n", std::to_string(opt.iters),
                                      "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
     if (json) args.push_back("--json");
+    if (opt.put) args.push_back("--put");
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }
   auto ctx = Context::create();

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "device_spec.h"
 #include "hmc/collectives.h"
@@ -34,6 +35,51 @@ Result<double> bandwidth(Communicator& c, int peer, bool sender, Memory& buf, in
     if (round == 1) return static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
   }
   return 0.0;
+}
+
+// Every rank's remote key of its buffer, on every rank (for --put).
+Result<std::vector<RemoteKey>> all_keys(Communicator& c, const RemoteKey& mine) {
+  uint64_t len = mine.bytes.size(), longest = 0;
+  HMC_RETURN_IF_ERROR(all_reduce(c, &len, &longest, 1, DataType::kUint64, ReduceOp::kMax).wait());
+  std::vector<uint8_t> padded(8 + longest), all((8 + longest) * c.size());
+  std::memcpy(padded.data(), &len, 8);
+  std::memcpy(padded.data() + 8, mine.bytes.data(), len);
+  HMC_RETURN_IF_ERROR(all_gather(c, padded.data(), all.data(), padded.size(), DataType::kUint8).wait());
+  std::vector<RemoteKey> keys(c.size());
+  for (int r = 0; r < c.size(); ++r) {
+    const uint8_t* rec = all.data() + r * padded.size();
+    std::memcpy(&len, rec, 8);
+    keys[r].bytes.assign(rec + 8, rec + 8 + len);
+  }
+  return keys;
+}
+
+// The sender puts `iters` times into the peer's buffer (kWindow in flight), then tells the
+// peer it is done; the time runs until the last put completed (its data is in the peer's
+// memory).
+Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Memory& buf, const RemoteKey& key, int iters) {
+  uint8_t done = 0;
+  if (!sender) {
+    HMC_RETURN_IF_ERROR(c.recv(&done, 1, peer, kAckTag));
+    return 0.0;
+  }
+  double gbps = 0;
+  for (int round = 0; round < 2; ++round) {  // round 0 warms up the key check and caches
+    int n = round == 0 ? std::max(2, iters / 10) : iters;
+    auto t0 = Clock::now();
+    std::vector<Request> reqs;
+    for (int i = 0; i < n; ++i) {
+      if (reqs.size() == kWindow) {
+        HMC_RETURN_IF_ERROR(reqs.front().wait());
+        reqs.erase(reqs.begin());
+      }
+      reqs.push_back(c.put(peer, buf.data(), buf.size(), key, 0));
+    }
+    HMC_RETURN_IF_ERROR(wait_all(reqs.data(), reqs.size()));
+    gbps = static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
+  }
+  HMC_RETURN_IF_ERROR(c.send(&done, 1, peer, kAckTag));
+  return gbps;
 }
 
 Result<double> latency(Communicator& c, int peer, bool first, int iters) {
@@ -89,6 +135,16 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   if (!buf) return buf.status();
   auto devices = all_devices(c, dev.value());
   if (!devices) return devices.status();
+  std::optional<MemoryRegion> region;  // --put: this rank's buffer as a put target
+  std::vector<RemoteKey> keys;
+  if (opt.put) {
+    auto mr = c.register_memory(buf->data(), buf->size());
+    if (!mr) return mr.status();
+    auto k = all_keys(c, mr->pack());
+    if (!k) return k.status();
+    region = std::move(mr.value());
+    keys = std::move(k.value());
+  }
   std::vector<PairFigures> mine;
   for (int a = 0; a < c.size(); ++a) {
     for (int b = 0; b < c.size(); ++b) {
@@ -96,7 +152,8 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       HMC_RETURN_IF_ERROR(c.barrier());
       if (c.rank() != a && c.rank() != b) continue;
       int peer = c.rank() == a ? b : a;
-      auto bw = bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
+      auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters)
+                        : bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters);
       if (!lat) return lat.status();

@@ -26,6 +26,7 @@ struct MeasureOptions {
   int iters = 20;
   int lat_iters = 2000;
   std::string device = "cpu";  // --device: provider[:index][@ranks] (tools/common/device_spec.h)
+  bool put = false;  // --put: bandwidth of one-sided puts into the peer's registered buffer
 };
 
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
@@ -38,9 +39,9 @@ double tcp_stream_gbps(std::size_t bytes, int iters);
 nlohmann::json providers_json(const Context& ctx);
 void print_overview(const Context& ctx);
 void print_config(const Context& ctx);
-void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes,
+void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt,
                   double memcpy_ref, double tcp_ref);
-nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::size_t bytes,
+nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt,
                            double memcpy_ref, double tcp_ref);
 
 }  // namespace hmc::probe

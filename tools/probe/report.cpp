@@ -61,9 +61,11 @@ void print_config(const Context& ctx) {
                 e.source == "default" ? "" : (e.value + " (" + e.source + ")").c_str(), e.help.c_str());
 }
 
-void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
-  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s messages, latency half a round trip of 8 B)\n",
-              size, human(bytes).c_str());
+void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
+                  double tcp_ref) {
+  const std::size_t bytes = opt.bytes;
+  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B)\n",
+              size, human(bytes).c_str(), opt.put ? "puts" : "messages");
   std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %-7s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
               "lat us", "eager", "why");
   for (const auto& f : figs)
@@ -81,8 +83,10 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, std::size_t by
   }
 }
 
-nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, std::size_t bytes, double memcpy_ref, double tcp_ref) {
-  nlohmann::json j = {{"ranks", size}, {"bytes", bytes}, {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
+nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
+                           double tcp_ref) {
+  nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? "put" : "send/recv"},
+                      {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
   j["pairs"] = nlohmann::json::array();
   for (const auto& f : figs)
     j["pairs"].push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
