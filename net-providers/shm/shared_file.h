@@ -34,7 +34,14 @@
 
 namespace hmc_shm {
 
-bool find_shared_file(const void* ptr, size_t len, hmc_net::RegionFile& out);
+// How find_shared_file reads this process's mappings: PROCMAP_QUERY, an ioctl on
+// /proc/self/maps that answers for one address (Linux 6.11; a few microseconds), or the
+// text of that file (tens of microseconds, milliseconds with thousands of mappings, and
+// paid on every registration of memory the application allocated itself). kAuto takes
+// the ioctl where the kernel has it; tests pick one.
+enum class MapsReader { kAuto, kQuery, kText };
+bool has_procmap_query();
+bool find_shared_file(const void* ptr, size_t len, hmc_net::RegionFile& out, MapsReader how = MapsReader::kAuto);
 
 class PeerMappings final : public hmc_net::TransportState {
  public:
