@@ -11,6 +11,8 @@
 #   5. --put over ucx with UCX_TLS=shm: the matrix measures puts, names ucx and the
 #      pair's eager limit (32K, ucx's advice over shared memory), with a bandwidth;
 #      --put with device buffers is refused.
+#   6. --memory malloc: heap buffers still give a shm row with a bandwidth; an unknown
+#      kind is refused.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -50,4 +52,9 @@ if timeout 60 "$probe" --local 2 --put -g cuda > "$scratch/put-dev" 2>&1; then
   echo "FAILED: --put with device buffers was accepted"; cat "$scratch/put-dev"; fail=1
 fi
 check "--put with device buffers: refused with the reason" 'host buffers only' "$scratch/put-dev"
+run "$scratch/heap" "$probe" --local 2 --timeout 60 -b 256K -n 20 --memory malloc
+check "--memory malloc: a shm row with a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +shm +[0-9]*[1-9][0-9]*\.[0-9]+ ' "$scratch/heap"
+if timeout 60 "$probe" --local 2 --memory nope > "$scratch/heap-bad" 2>&1; then
+  echo "FAILED: --memory nope was accepted"; cat "$scratch/heap-bad"; fail=1
+fi
 exit $fail

@@ -5,6 +5,7 @@
 //   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
 //   --device cuda / cuda@0     ... with buffers on GPUs (GPU<->GPU), or rank 0 only (GPU<->CPU)
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
+//   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
 #include <cstdio>
 #include <iostream>
@@ -55,6 +56,11 @@ int main(int argc, char** argv) {
   app.add_option("-g,--device", opt.device,
                  "--local buffers on provider[:index][@ranks]: cuda = every rank on a GPU, cuda@0 = rank 0 on a GPU "
                  "and the others on cpu")->capture_default_str();
+  app.add_option("-m,--memory", opt.memory,
+                 "--local host buffers: shareable (Context::alloc kShareable), default (Context::alloc "
+                 "kDefault) or malloc (the heap, as an application's own)")
+      ->check(CLI::IsMember({"shareable", "default", "malloc"}))
+      ->capture_default_str();
   app.add_flag("--put", opt.put,
                "--local bandwidth of one-sided puts (Communicator::put, 4 in flight, into the peer's registered "
                "buffer) instead of send/recv; host buffers only");
@@ -82,6 +88,7 @@ int main(int argc, char** argv) {
                                      "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
     if (json) args.push_back("--json");
     if (opt.put) args.push_back("--put");
+    args.insert(args.end(), {"-m", opt.memory});
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }
   auto ctx = Context::create();

@@ -17,7 +17,7 @@ constexpr int kWindow = 4;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
-Result<double> bandwidth(Communicator& c, int peer, bool sender, Memory& buf, int iters) {
+Result<double> bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, int iters) {
   uint8_t ack = 0;
   for (int round = 0; round < 2; ++round) {  // round 0 warms up connections, registrations, caches
     int n = round == 0 ? std::max(2, iters / 10) : iters;
@@ -57,7 +57,7 @@ Result<std::vector<RemoteKey>> all_keys(Communicator& c, const RemoteKey& mine) 
 // The sender puts `iters` times into the peer's buffer (kWindow in flight), then tells the
 // peer it is done; the time runs until the last put completed (its data is in the peer's
 // memory).
-Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Memory& buf, const RemoteKey& key, int iters) {
+Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, const RemoteKey& key, int iters) {
   uint8_t done = 0;
   if (!sender) {
     HMC_RETURN_IF_ERROR(c.recv(&done, 1, peer, kAckTag));
@@ -109,19 +109,26 @@ Result<std::vector<std::string>> all_devices(Communicator& c, const DeviceId& mi
   return out;
 }
 
-// Host memory: shareable, what a provider needs for its fastest path (shm maps it
-// directly). Device memory: the device's own, filled through Context::copy.
-Result<Memory> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes) {
+// Host memory as --memory says: shareable (what a provider needs for its fastest path: shm
+// maps it directly), Context::alloc's default, or the heap like an application's own.
+// Device memory: the device's own, filled through Context::copy.
+Result<Buffer> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes, const std::string& memory) {
+  Buffer b;
   const bool host = dev.provider == "cpu";
-  auto buf = ctx.alloc(dev, bytes, host ? AllocKind::kShareable : AllocKind::kDefault);
-  if (!buf) return buf.status();
+  if (host && memory == "malloc") {
+    b.heap.assign(bytes, 1);
+    return b;
+  }
+  auto mem = ctx.alloc(dev, bytes, host && memory == "shareable" ? AllocKind::kShareable : AllocKind::kDefault);
+  if (!mem) return mem.status();
+  b.mem = std::move(mem.value());
   if (host) {
-    std::memset(buf->data(), 1, bytes);
+    std::memset(b.data(), 1, bytes);
   } else {
     std::vector<uint8_t> ones(bytes, 1);
-    HMC_RETURN_IF_ERROR(ctx.copy(buf->data(), ones.data(), bytes));
+    HMC_RETURN_IF_ERROR(ctx.copy(b.data(), ones.data(), bytes));
   }
-  return buf;
+  return b;
 }
 
 }  // namespace
@@ -131,7 +138,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   if (!spec) return spec.status();
   auto dev = tools::pick_device(ctx, c, spec.value());
   if (!dev) return dev.status();
-  auto buf = buffer(ctx, dev.value(), opt.bytes);
+  auto buf = buffer(ctx, dev.value(), opt.bytes, opt.memory);
   if (!buf) return buf.status();
   auto devices = all_devices(c, dev.value());
   if (!devices) return devices.status();

@@ -27,6 +27,15 @@ struct MeasureOptions {
   int lat_iters = 2000;
   std::string device = "cpu";  // --device: provider[:index][@ranks] (tools/common/device_spec.h)
   bool put = false;  // --put: bandwidth of one-sided puts into the peer's registered buffer
+  std::string memory = "shareable";  // --memory: host buffers from kShareable, kDefault or malloc
+};
+
+// A rank's buffer: from Context::alloc, or (--memory malloc) from the heap.
+struct Buffer {
+  Memory mem;
+  std::vector<uint8_t> heap;
+  void* data() { return heap.empty() ? mem.data() : heap.data(); }
+  std::size_t size() const { return heap.empty() ? mem.size() : heap.size(); }
 };
 
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
