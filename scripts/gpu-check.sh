@@ -11,8 +11,10 @@
 # <repo>/.carry-gpu) when it is there, else a build (BUILD_DIR, default <repo>/build-gpu)
 # made here with cmake and ninja. Every step has a timeout; the whole run stays within
 # BUDGET seconds (default 480): steps that would start later are listed as not run.
-# CHECKS=0 skips the hmc-bench -c 1 correctness sweeps (step 4), COMPARE=0 the NCCL and
-# CUDA comparison (step 5), STAGED=0 the staged-transfer probes (step 6).
+# TESTS=0 skips the GPU-labelled tests (step 3), CHECKS=0 the hmc-bench -c 1 correctness
+# sweeps (step 4), COMPARE=0 the NCCL and CUDA comparison (step 5), STAGED=0 the
+# staged-transfer probes (step 6). The device tool brings back a limited number of files:
+# tar OUTDIR into its $OUT in the same command.
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -81,8 +83,9 @@ step probe 60 "$bin/hmc-probe" || true
 grep -A4 '^Devices' "$out/probe.log" | sed 's/^/   /'
 [ $ref_ok -eq 1 ] && step nccl-smoke 90 "$bin/hmc-gpu-ref" -b 8 -e 1M -f 32 -n 5 -w 2 --no-p2p
 
-# 3. GPU-labelled tests.
-step tests 300 "${tests[@]}"
+# 3. GPU-labelled tests (TESTS=0 leaves them out, for a run that only measures).
+if [ "${TESTS:-1}" = 0 ]; then echo "gpu-check: TESTS=0: the GPU-labelled tests are left out"
+else step tests 300 "${tests[@]}"; fi
 
 # 4. Correctness: every collective, checked (-c 1), GPU ranks and GPU + CPU ranks
 #    (CHECKS=0 leaves it out, for a quicker run after a change that the tests cover).
