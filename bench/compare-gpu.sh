@@ -12,6 +12,9 @@
 #   HMC's run also pays its first handshake and a final acknowledgement, which 20 messages
 #   of 64 MiB did not amortise: 0.89-0.99 of cudaMemcpyPeer against 0.97-1.00 with 100)
 #   NATIVE=0 bench/compare-gpu.sh ...      without the HMC_CCL=off runs
+#   BLOCKING=1 bench/compare-gpu.sh ...    hmc-bench waits for each call (-z 1); by default it
+#                                          issues them back to back (-z 0), as hmc-gpu-ref and
+#                                          nccl-tests time NCCL
 #   DEVICE=emu bench/compare-gpu.sh ...    HMC side on another device provider (a dry run in CI)
 #
 # DIR holds hmc-bench, hmc-probe and hmc-gpu-ref (default: build/bin); libhmc and the cuda
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 iters=${ITERS:-20} warmup=${WARMUP:-5} check=${CHECK:-0} p2p_sizes=${P2P_SIZES:-"64M 256M 1G"}
-p2p_iters=${P2P_ITERS:-100}
+p2p_iters=${P2P_ITERS:-100} blocking=${BLOCKING:-0}
 run_timeout=${RUN_TIMEOUT:-240} device=${DEVICE:-cuda}
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$out/raw"
@@ -61,17 +64,17 @@ run nccl "$bin/hmc-gpu-ref" -g 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" 
 run p2p-ref "$bin/hmc-gpu-ref" -g 2 --no-nccl -n "$p2p_iters" -w "$warmup" --p2p-b "$p2p_min" --p2p-e "$p2p_max" --json
 for c in $colls; do
   run "hmc-$c" "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" -n "$iters" \
-    -w "$warmup" -c "$check" --timeout "$run_timeout" --json
+    -w "$warmup" -c "$check" -z "$blocking" --timeout "$run_timeout" --json
   [ "$c" = sendrecv ] || [ "${NATIVE:-1}" = 0 ] && continue  # sendrecv is never delegated: one run says it all
   run "native-$c" env HMC_CCL=off "$bin/hmc-bench" "$c" -g "$device" --local 2 -b "$minb" -e "$maxb" -f "$factor" \
-    -n "$iters" -w "$warmup" -c "$check" --timeout "$run_timeout" --json
+    -n "$iters" -w "$warmup" -c "$check" -z "$blocking" --timeout "$run_timeout" --json
 done
 for s in $p2p_sizes; do
   run "probe-gpu-gpu-$s" "$bin/hmc-probe" --local 2 -g "$device" -b "$s" -n "$p2p_iters" --lat-iters 200 --json --timeout "$run_timeout"
   run "probe-gpu-cpu-$s" "$bin/hmc-probe" --local 2 -g "$device@0" -b "$s" -n "$p2p_iters" --lat-iters 200 --json --timeout "$run_timeout"
 done
 
-python3 - "$out" "$colls" "$p2p_sizes" "$device" "$p2p_iters" <<'EOF' | tee "$out/compare-gpu.md"
+python3 - "$out" "$colls" "$p2p_sizes" "$device" "$p2p_iters" "$blocking" <<'EOF' | tee "$out/compare-gpu.md"
 import json, os, sys
 out, colls, p2p_sizes, device = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
 def load(name):
@@ -85,10 +88,11 @@ def f(v, fmt="%.2f"): return "-" if v is None else fmt % v
 def ratio(a, b): return a / b if a is not None and b else None
 nccl = load("nccl") or {}
 print("# HMC vs NCCL on GPUs\n")
-print("NCCL %s, NCCL_NVLS_ENABLE=%s, GPUs: %s. HMC: hmc-bench --device %s --local 2 (out-of-place; "
+print("NCCL %s, NCCL_NVLS_ENABLE=%s, GPUs: %s. HMC: hmc-bench --device %s --local 2 -z %s (out-of-place; "
       "in-place in its own column), as it comes (HMC_CCL=auto: delegated to NCCL) and native (HMC_CCL=off: "
       "HMC's own device paths); NCCL: hmc-gpu-ref, one process, ncclCommInitAll. busbw as nccl-tests.\n"
-      % (nccl.get("nccl_version", "?"), nccl.get("nvls_enable", "?"), "; ".join(nccl.get("gpus", [])) or "?", device))
+      % (nccl.get("nccl_version", "?"), nccl.get("nvls_enable", "?"), "; ".join(nccl.get("gpus", [])) or "?", device,
+         sys.argv[6]))
 summary = []
 for c in colls:
     ref = {r["size"]: r for r in nccl.get("collectives", []) if r["collective"] == c}

@@ -23,6 +23,9 @@ struct Options {
   std::size_t min_bytes = 32u << 20, max_bytes = 32u << 20;
   std::size_t factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0;
+  // -z (nccl-tests' flag): 1 waits for each timed call before the next; 0 issues them back to
+  // back (up to kInFlight pending) and waits at the end, as nccl-tests does by default.
+  int blocking = 1;
   Aggregate aggregate = Aggregate::kMax;
   std::vector<DataType> dtypes = {DataType::kFloat32};
   std::vector<ReduceOp> ops = {ReduceOp::kSum};

@@ -76,6 +76,9 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   app.add_option("-f,--stepfactor", o.factor, "size multiplication factor")->check(CLI::Range(2, 1 << 20))->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, 1 << 30))->capture_default_str();
   app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations before each size")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  app.add_option("-z,--blocking", o.blocking,
+                 "1: wait for each timed call before the next; 0: issue them back to back and wait at the end "
+                 "(nccl-tests' default)")->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-c,--check", o.check, "verify results on known data once per size and form (0 = off)")->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-d,--datatype", dtypes, "int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or all")
       ->delimiter(',')->capture_default_str();
@@ -122,7 +125,8 @@ std::vector<std::string> worker_args(const Options& o) {
   std::vector<std::string> a = {coll_name(o.coll), "-b", std::to_string(o.min_bytes),
                                 "-e", std::to_string(o.max_bytes), "-f", std::to_string(o.factor),
                                 "-n", std::to_string(o.iters), "-w", std::to_string(o.warmup),
-                                "-c", std::to_string(o.check), "-d", join(dtypes), "-o", join(ops),
+                                "-c", std::to_string(o.check), "-z", std::to_string(o.blocking),
+                                "-d", join(dtypes), "-o", join(ops),
                                 "-r", std::to_string(o.root), "-a", std::to_string(static_cast<int>(o.aggregate)),
                                 "-g", o.device, "-m", memory_name(o.memory)};
   if (o.format == Options::Format::kJson) a.push_back("--json");

@@ -1,5 +1,6 @@
 // The sweep on one rank. Per row and form: known input, -w warm-up calls, a barrier, -n timed
-// calls (each waited for), time = elapsed / n on every rank, then rank 0 combines the
+// calls (each waited for; with -z 0 issued back to back and waited for at the end), time =
+// elapsed / n on every rank, then rank 0 combines the
 // ranks' times (-a: max by default) and sums their wrong elements (point-to-point, so the
 // bookkeeping never runs through the collective being measured).
 #include <algorithm>
@@ -42,13 +43,18 @@ class Sweep {
     char* send = in_place ? rbase + lay.send_inplace * rank * e : static_cast<char*>(send_.data());
     char* recv = in_place ? rbase + lay.recv_inplace * rank * e : rbase;
     DataSpec d{opt_.coll, row.dtype, row.op.value_or(ReduceOp::kSum), comm_.size(), std::max(row.root, 0), seed_++};
-    auto call = [&] { return launch(opt_.coll, comm_, send, recv, lay.count, row.dtype, d.op, d.root).wait(); };
+    auto issue = [&] { return launch(opt_.coll, comm_, send, recv, lay.count, row.dtype, d.op, d.root); };
+    auto call = [&] { return issue().wait(); };
 
     HMC_RETURN_IF_ERROR(prepare(d, lay, send, in_place));
     for (int i = 0; i < opt_.warmup; ++i) HMC_RETURN_IF_ERROR(call());
     HMC_RETURN_IF_ERROR(barrier(comm_).wait());
     auto t0 = Clock::now();
-    for (int i = 0; i < opt_.iters; ++i) HMC_RETURN_IF_ERROR(call());
+    if (opt_.blocking) {
+      for (int i = 0; i < opt_.iters; ++i) HMC_RETURN_IF_ERROR(call());
+    } else {
+      HMC_RETURN_IF_ERROR(back_to_back(issue));
+    }
     RankResult mine{std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / opt_.iters, 0};
 
     if (opt_.check) {
@@ -65,6 +71,19 @@ class Sweep {
   }
 
  private:
+  // -z 0: the timed calls without waiting in between, at most kInFlight pending at a time.
+  template <class Issue>
+  Status back_to_back(const Issue& issue) {
+    constexpr std::size_t kInFlight = 64;
+    std::vector<Request> pending(std::min<std::size_t>(kInFlight, static_cast<std::size_t>(opt_.iters)));
+    for (int i = 0; i < opt_.iters; ++i) {
+      Request& slot = pending[static_cast<std::size_t>(i) % pending.size()];
+      if (slot.valid()) HMC_RETURN_IF_ERROR(slot.wait());
+      slot = issue();
+    }
+    return wait_all(pending.data(), pending.size());
+  }
+
   // Inputs at `send`; outputs poisoned (in-place: the whole buffer, then the input over it).
   Status prepare(const DataSpec& d, const Layout& lay, char* send, bool in_place) {
     const std::size_t e = dtype_size(d.dtype);
