@@ -56,5 +56,7 @@ class UnpackedKey {
   uint32_t count_ = 0;
 };
 Result<UnpackedKey> unpack_key(const std::vector<uint8_t>& bytes);
+// The result would point into a temporary: keep the packed bytes in a variable.
+Result<UnpackedKey> unpack_key(std::vector<uint8_t>&& bytes) = delete;
 
 }  // namespace hmc::core

@@ -92,7 +92,8 @@ TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]"
 
   std::vector<uint8_t> region(100);
   Registration reg(region.data(), region.size());
-  auto key = unpack_key(reg.pack());
+  const auto packed_key = reg.pack();  // find() reads these bytes in place
+  auto key = unpack_key(packed_key);
   REQUIRE(key.ok());
   CHECK(key->region_bytes == 100);
   CHECK(key->find("self").has_value());
@@ -101,5 +102,6 @@ TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]"
   auto packed = reg.pack();
   packed.resize(packed.size() - 3);
   CHECK_FALSE(unpack_key(packed).ok());
-  CHECK_FALSE(unpack_key({1, 2, 3}).ok());
+  const std::vector<uint8_t> garbage = {1, 2, 3};
+  CHECK_FALSE(unpack_key(garbage).ok());
 }
