@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
+#include "eager_check.h"
 #include "multiprocess.h"
 
 using namespace hmc;
@@ -69,24 +70,8 @@ TEST_CASE("the eager limit of a pair is the provider's advice unless HMC_EAGER_L
         auto exits = test::run_ranks(2, settings, [want](RankEnv& e) {
           const std::size_t limit = e.comm.path(1 - e.rank).eager_limit;
           HMC_EXPECT(want == 0 || limit == want, "eager limit " + std::to_string(limit) + ", want " + std::to_string(want));
-          for (const std::size_t bytes : {limit, limit + 1}) {
-            const bool eager = bytes <= limit;
-            auto data = test::random_bytes(bytes, bytes);
-            char go = 1;
-            if (e.rank == 0) {
-              Request send = e.comm.isend(data.data(), bytes, 1, 7);
-              Status early = send.wait(std::chrono::milliseconds(eager ? 5000 : 300));
-              HMC_EXPECT(early.ok() == eager, std::to_string(bytes) + " B sent before its receive was posted: " +
-                                                  early.to_string() + (eager ? " (should be eager)" : " (should wait)"));
-              HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 8));
-              HMC_EXPECT_OK(send.wait());
-            } else {
-              std::vector<uint8_t> got(bytes, 0xEE);
-              HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 8));
-              HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, 7));
-              HMC_EXPECT(got == data, std::to_string(bytes) + " B: data differs");
-            }
-          }
+          for (const std::size_t bytes : {limit, limit + 1})
+            if (int rc = test::check_send_before_receive(e, bytes, bytes <= limit)) return rc;
           return 0;
         });
         INFO(test::describe(exits));

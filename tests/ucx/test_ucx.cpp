@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "eager_check.h"
 #include "multiprocess.h"
 
 using namespace hmc;
@@ -145,34 +146,14 @@ TEST_CASE("ucx: the eager limit follows ucx's advice per transport unless HMC_EA
             HMC_EXPECT(e.comm.path(peer).eager_limit == want,
                        "eager limit " + std::to_string(e.comm.path(peer).eager_limit) + ", want " + std::to_string(want));
             for (const std::size_t bytes : {std::size_t{32} << 10, std::size_t{48} << 10}) {
-              const bool eager = bytes <= want;
-              auto data = test::random_bytes(bytes, bytes + want);
-              char go = 1;
-              if (e.rank == 0) {
-                Request send = e.comm.isend(data.data(), bytes, 1, 7);
-                Status early = send.wait(std::chrono::milliseconds(eager ? 5000 : 300));
-                HMC_EXPECT(early.ok() == eager, std::to_string(bytes) + " B send before its receive was posted: " +
-                                                    early.to_string() + (eager ? " (should be eager)" : " (should wait)"));
-                HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 8));
-                HMC_EXPECT_OK(send.wait());
-                continue;
-              }
-              HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 8));
-              Memory mem;
-              std::vector<uint8_t> heap;
-              uint8_t* got = nullptr;
-              if (from_alloc) {
+              Memory mem;  // rank 1 receives into ucx's mem_alloc memory or the heap
+              if (from_alloc && e.rank == 1) {
                 auto m = e.ctx.alloc({"cpu", 0}, bytes);
                 HMC_EXPECT(m.ok(), m.status().to_string());
                 mem = std::move(m.value());
-                got = static_cast<uint8_t*>(mem.data());
-              } else {
-                heap.assign(bytes, 0);
-                got = heap.data();
               }
-              std::memset(got, 0xEE, bytes);
-              HMC_EXPECT_OK(e.comm.recv(got, bytes, 0, 7));
-              HMC_EXPECT(std::memcmp(got, data.data(), bytes) == 0, std::to_string(bytes) + " B: data differs");
+              auto* into = static_cast<uint8_t*>(mem.data());  // null: the heap
+              if (int rc = test::check_send_before_receive(e, bytes, bytes <= want, into)) return rc;
             }
             return 0;
           });

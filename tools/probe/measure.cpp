@@ -16,21 +16,32 @@ constexpr int kWindow = 4;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Issues `n` operations, kWindow in flight, and waits for all of them.
+template <class Issue>
+Status windowed(int n, const Issue& issue) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < n; ++i) {
+    if (reqs.size() == kWindow) {
+      HMC_RETURN_IF_ERROR(reqs.front().wait());
+      reqs.erase(reqs.begin());
+    }
+    reqs.push_back(issue());
+  }
+  return wait_all(reqs.data(), reqs.size());
+}
+
+// Messages in the warm-up round before the timed one: connections, registrations, caches.
+int warmup_count(int iters) { return std::max(2, iters / 10); }
+
 // Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
 Result<double> bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, int iters) {
   uint8_t ack = 0;
-  for (int round = 0; round < 2; ++round) {  // round 0 warms up connections, registrations, caches
-    int n = round == 0 ? std::max(2, iters / 10) : iters;
+  for (int round = 0; round < 2; ++round) {
+    int n = round == 0 ? warmup_count(iters) : iters;
     auto t0 = Clock::now();
-    std::vector<Request> reqs;
-    for (int i = 0; i < n; ++i) {
-      if (reqs.size() == kWindow) {
-        HMC_RETURN_IF_ERROR(reqs.front().wait());
-        reqs.erase(reqs.begin());
-      }
-      reqs.push_back(sender ? c.isend(buf.data(), buf.size(), peer, kDataTag) : c.irecv(buf.data(), buf.size(), peer, kDataTag));
-    }
-    HMC_RETURN_IF_ERROR(wait_all(reqs.data(), reqs.size()));
+    HMC_RETURN_IF_ERROR(windowed(n, [&] {
+      return sender ? c.isend(buf.data(), buf.size(), peer, kDataTag) : c.irecv(buf.data(), buf.size(), peer, kDataTag);
+    }));
     HMC_RETURN_IF_ERROR(sender ? c.recv(&ack, 1, peer, kAckTag) : c.send(&ack, 1, peer, kAckTag));
     if (round == 1) return static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
   }
@@ -64,18 +75,10 @@ Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf
     return 0.0;
   }
   double gbps = 0;
-  for (int round = 0; round < 2; ++round) {  // round 0 warms up the key check and caches
-    int n = round == 0 ? std::max(2, iters / 10) : iters;
+  for (int round = 0; round < 2; ++round) {  // round 0 also has the key checked
+    int n = round == 0 ? warmup_count(iters) : iters;
     auto t0 = Clock::now();
-    std::vector<Request> reqs;
-    for (int i = 0; i < n; ++i) {
-      if (reqs.size() == kWindow) {
-        HMC_RETURN_IF_ERROR(reqs.front().wait());
-        reqs.erase(reqs.begin());
-      }
-      reqs.push_back(c.put(peer, buf.data(), buf.size(), key, 0));
-    }
-    HMC_RETURN_IF_ERROR(wait_all(reqs.data(), reqs.size()));
+    HMC_RETURN_IF_ERROR(windowed(n, [&] { return c.put(peer, buf.data(), buf.size(), key, 0); }));
     gbps = static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
   }
   HMC_RETURN_IF_ERROR(c.send(&done, 1, peer, kAckTag));
