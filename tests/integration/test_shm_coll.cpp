@@ -192,7 +192,9 @@ int check_barrier(RankEnv& e) {
 // by the end of its sleep (kBellSlice, 20 ms, core/progress.cpp): over 9 rounds the
 // median time from the late rank's arrival to the early rank's return stays under 2 ms.
 // Without the ring it is spread over the slice (median about 10 ms); a waiter that never
-// sleeps on the bell (the condition variable instead) is caught by the count of rings.
+// sleeps on the bell (the condition variable instead) is caught by the count of rings: 0
+// then. On a loaded 2-core machine rank 1 sometimes arrives while rank 0 is between two
+// sleeps (4 rings in 9 rounds was seen, under two other test programs), so 3 are asked.
 int check_bell(RankEnv& e) {
   // The bell is this rank's futex word: rank 0 must have slept on it, and rank 1 rung it.
   const auto* bell = reinterpret_cast<const uint32_t*>(e.comm.impl().segments()->of(e.rank) +
@@ -219,7 +221,8 @@ int check_bell(RankEnv& e) {
   for (int64_t t : late_by) all += " " + std::to_string(t);
   HMC_EXPECT(late_by[4] < 2000, "rank 0 returned this many us after rank 1 arrived:" + all);
   const uint32_t rings = __atomic_load_n(bell, __ATOMIC_ACQUIRE) - rung_before;
-  HMC_EXPECT(rings >= 5, "rank 0's bell rang " + std::to_string(rings) + " times in 9 late rounds");
+  HMC_EXPECT(rings >= 3, "rank 0's bell rang " + std::to_string(rings) + " times in 9 late rounds (returned, us after "
+                         "rank 1 arrived:" + all + ")");
   return 0;
 }
 
@@ -368,7 +371,9 @@ TEST_CASE("a barrier over shared segments holds every rank until the last arrive
   }
 }
 
-TEST_CASE("a waiter asleep on the segments wakes when the late rank writes", "[collectives][shm]") {
+// [timing]: CTest runs it alone (tests/integration/CMakeLists.txt); two other multi-process
+// tests on the 2 cores stretched the wake-ups to milliseconds.
+TEST_CASE("a waiter asleep on the segments wakes when the late rank writes", "[collectives][shm][timing]") {
   run(2, true, [](RankEnv& e, bool) { return check_bell(e); }, {{"HMC_CCL", "off"}});
 }
 
