@@ -2,9 +2,10 @@
 // both readers: the PROCMAP_QUERY ioctl (where the kernel has it) and the text of
 // /proc/self/maps. They must agree on every case: a shared memfd mapping and a range
 // inside it, a range that runs past it, a private mapping of the same file, heap memory,
-// and a mapping whose fd was closed.
+// and a mapping whose fd was closed; and a forked child asking about its own mapping.
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -67,6 +68,25 @@ TEST_CASE("shm finds the shared file behind a region, by either reader", "[unit]
     CHECK_FALSE(hmc_shm::find_shared_file(m.priv, m.bytes, none, how));
     CHECK_FALSE(hmc_shm::find_shared_file(heap.data(), heap.size(), none, how));
     CHECK_FALSE(hmc_shm::find_shared_file(m.shared, 0, none, how));
+  }
+  // A child of this process asks about a mapping of its own: the query must read the
+  // child's mappings, not those of the parent that asked before the fork.
+  if (hmc_shm::has_procmap_query()) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      alarm(20);  // never outlives the test
+      const int fd = memfd_create("hmc-test-child", MFD_CLOEXEC);
+      bool ok = fd >= 0 && ftruncate(fd, static_cast<off_t>(4 * page)) == 0;
+      void* mine = ok ? mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+      hmc_net::RegionFile f;
+      ok = ok && mine != MAP_FAILED && hmc_shm::find_shared_file(mine, 4 * page, f, MapsReader::kQuery) && f.fd == fd;
+      _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
   // With no fd open on the file, peers could not open it: none, by either reader.
   close(m.fd);
