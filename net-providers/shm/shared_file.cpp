@@ -53,23 +53,22 @@ enum class Lookup { kFound, kNone, kUnsupported };
 
 // /proc/self/maps opened once per process: opening and closing it took 3 us of the 3.4 a
 // query cost. The file names the process that opened it, so a fork's child opens its own.
-// Returns -1 where it cannot be opened. Called with the lock of query_mapping held.
-int maps_fd() {
+// `fresh`: the kept fd failed (the application may have closed it, and its number may now
+// be another file's): forget it, without closing, and open again. Returns -1 where the file
+// cannot be opened. Called with the lock of query_mapping held.
+int maps_fd(bool fresh) {
   static int fd = -1;
   static pid_t owner = 0;
-  if (fd >= 0 && owner == getpid()) return fd;
-  if (fd >= 0) close(fd);  // inherited from the parent: its mappings, not ours
+  if (fd >= 0 && owner == getpid() && !fresh) return fd;
+  if (fd >= 0 && owner != getpid()) close(fd);  // inherited from the parent: its mappings, not ours
   fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   owner = getpid();
   return fd;
 }
 
-// The file mapping that covers [begin, end), joined over adjacent pieces, by PROCMAP_QUERY.
-Lookup query_mapping(uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino, uint64_t& offset) {
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  const int fd = maps_fd();
-  if (fd < 0) return Lookup::kUnsupported;
+// The file mapping that covers [begin, end), joined over adjacent pieces, by PROCMAP_QUERY on
+// `fd`. query_mapping: the same on the kept fd, once more on a fresh one if that failed.
+Lookup query_one(int fd, uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino, uint64_t& offset) {
   Lookup result = Lookup::kNone;
   uint64_t covered = begin, next_off = 0;
   while (covered < end) {
@@ -77,7 +76,7 @@ Lookup query_mapping(uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino,
     q.size = sizeof(q);
     q.query_addr = covered;  // query_flags 0: the mapping covering this very address
     if (ioctl(fd, kProcmapQuery, &q) != 0) {
-      if (errno == ENOTTY || errno == EINVAL || errno == E2BIG) result = Lookup::kUnsupported;
+      if (errno == ENOTTY || errno == EINVAL || errno == E2BIG || errno == EBADF) result = Lookup::kUnsupported;
       break;
     }
     const bool shared_file = (q.vma_flags & kVmaWritable) && (q.vma_flags & kVmaShared) && q.inode != 0;
@@ -93,6 +92,16 @@ Lookup query_mapping(uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino,
   }
   if (result != Lookup::kUnsupported && covered >= end) result = Lookup::kFound;
   return result;
+}
+
+Lookup query_mapping(uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino, uint64_t& offset) {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  int fd = maps_fd(false);
+  if (fd < 0) return Lookup::kUnsupported;
+  Lookup found = query_one(fd, begin, end, dev, ino, offset);
+  if (found != Lookup::kUnsupported || (fd = maps_fd(true)) < 0) return found;
+  return query_one(fd, begin, end, dev, ino, offset);  // once more on a fresh fd
 }
 
 // The same by reading /proc/self/maps as text (kernels before 6.11).

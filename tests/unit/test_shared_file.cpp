@@ -88,6 +88,26 @@ TEST_CASE("shm finds the shared file behind a region, by either reader", "[unit]
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
+  // The application closes every fd it does not know (the kept maps fd among them) and the
+  // numbers go to other files: the query still works. In a child, whose fds are its own.
+  if (hmc_shm::has_procmap_query()) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      alarm(20);
+      hmc_net::RegionFile f;
+      bool ok = hmc_shm::find_shared_file(m.shared, m.bytes, f, MapsReader::kQuery);
+      for (int fd = 3; fd < 256; ++fd)
+        if (fd != m.fd) close(fd);
+      for (int i = 0; i < 16; ++i) (void)memfd_create("hmc-test-filler", 0);
+      ok = ok && hmc_shm::find_shared_file(m.shared, m.bytes, f, MapsReader::kQuery) && f.fd == m.fd;
+      _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
   // With no fd open on the file, peers could not open it: none, by either reader.
   close(m.fd);
   m.fd = -1;
