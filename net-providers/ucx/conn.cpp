@@ -51,6 +51,13 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
         op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
       }
       break;
+    case Op::kPutSend:
+      if (c != nullptr) am_put_step(*c, op->put, true, ok ? HMC_PROV_OK : fail_rc, why);
+      break;
+    case Op::kPutRecv:
+      if (c != nullptr && c->state == Conn::kOpen)
+        send_control(*c, Kind::kPutDone, op->put, ok ? kLanded : kLost, 0, ok ? "" : why);
+      break;
     case Op::kControl:
     case Op::kPut:
       break;  // a put's outcome is its flush's
@@ -214,12 +221,17 @@ void Provider::dispatch(Conn& c, Incoming m) {
     deliver(c, std::move(m));
     return;
   }
+  if (kind == Kind::kPutData) {
+    on_put_data(c, m);
+    return;
+  }
   std::string body;
   if (!m.rndv && m.len <= 4096) body.assign(m.bytes(), m.len);  // control messages are small
   drop(m);
   if (kind == Kind::kCheck) on_check(c, m.wire, body);
   else if (kind == Kind::kReply) on_reply(c, m.wire, body);
   else if (kind == Kind::kRevoke) on_revoke(c, m.wire);
+  else if (kind == Kind::kPutDone) on_put_done(c, m.wire, body);
 }
 
 void Provider::deliver(Conn& c, Incoming m) {

@@ -106,6 +106,12 @@ void* Provider::add_region(char* base, size_t len, std::shared_ptr<Mapping> mapp
 
 // Revokes the region's key on every connection that verified it and forgets it. Under mu_.
 void Provider::drop_region(uint64_t id) {
+  // Peers' active-message puts already landing here (put.cpp) finish first:
+  // UCP cannot cancel them, and the memory may be freed once we return.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (landing(id) && Clock::now() < deadline) drive();
+  if (landing(id))
+    host_.log(HMC_LOG_WARN, "dereg_mem: a peer's put into the region is still arriving after 10 s");
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
   Region& r = *it->second;

@@ -257,11 +257,19 @@ int Provider::init_context(const std::string& tls, std::string& why) {
 }
 
 int Provider::start(std::string& why) {
-  std::string tls;
+  std::string tls, put_mode;
   int64_t port = 0;
   bool keep_cma = false;
   if (!host_.get_string(kParams[0], tls, why) || !host_.get_string(kParams[1], bind_addr_, why) ||
-      !host_.get_int(kParams[2], 0, 65535, port, why) || !host_.get_bool(kParams[3], keep_cma, why)) {
+      !host_.get_int(kParams[2], 0, 65535, port, why) || !host_.get_bool(kParams[3], keep_cma, why) ||
+      !host_.get_string(kParams[4], put_mode, why)) {
+    return HMC_PROV_ERR_INVALID;
+  }
+  if (put_mode == "auto" || put_mode.empty()) put_mode_ = PutMode::kAuto;
+  else if (put_mode == "rma") put_mode_ = PutMode::kRma;
+  else if (put_mode == "am") put_mode_ = PutMode::kAm;
+  else {
+    why = "HMC_UCX_PUT='" + put_mode + "': expected auto, rma or am";
     return HMC_PROV_ERR_INVALID;
   }
   port_ = static_cast<uint16_t>(port);
@@ -275,6 +283,7 @@ int Provider::start(std::string& why) {
   // Without tcp or verbs, UCX 1.13 has no peer failure handling (posix and sysv
   // lack it), and then a cma copy from a peer that died aborts this process.
   peer_errors_ = has_tcp || has_rdma;
+  tcp_only_ = has_tcp && !has_rdma;
   if (!peer_errors_ && names.contains("cma") && !keep_cma) {
     names.erase("cma");
     std::string rest;
@@ -423,6 +432,8 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   c.held.clear();
   for (auto& [id, p] : c.checking) p.req->fail(code, why);
   c.checking.clear();
+  for (auto& [id, p] : c.am_puts) p.req->fail(code, why);
+  c.am_puts.clear();
   for (auto& m : c.unexpected) drop(m);
   c.unexpected.clear();
   for (auto& [seq, m] : c.inbox) drop(m);

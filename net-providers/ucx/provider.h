@@ -51,6 +51,9 @@ inline constexpr hmc_param_t kParams[] = {
     {"HMC_UCX_CMA", "bool", "0",
      "keep cma when no transport has peer failure handling (UCX_TLS=shm): faster same-host puts, "
      "but UCX aborts this process when the peer dies mid-copy"},
+    {"HMC_UCX_PUT", "string", "auto",
+     "how puts move: rma (ucp_put_nbx), am (active messages the target writes into the region), or auto: "
+     "am where UCX has tcp and no verbs transport and cannot map the target's memory, else rma"},
 };
 
 inline constexpr unsigned kAmId = 0x4d;  // "M"
@@ -58,7 +61,10 @@ inline constexpr size_t kMaxMessage = size_t{1} << 30;
 // Advice for peers reached through shared memory (hmc_net_props_t::eager_limit_same_host).
 inline constexpr size_t kShmEagerLimit = 32 * 1024;
 
-enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke };
+enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke, kPutData, kPutDone };
+
+// kPutDone's verdict (Wire::arg).
+enum PutVerdict : uint64_t { kLanded = 0, kRefused = 1, kLost = 2 };
 
 // The active-message header of everything sent on a connection.
 struct Wire {
@@ -66,10 +72,14 @@ struct Wire {
   uint32_t kind;    // Kind
   uint64_t cookie;  // the receiver's cookie (from its handshake)
   uint64_t seq;     // per connection and direction, from 0
-  uint64_t token;   // kCheck/kReply: put id; kRevoke: region id
-  uint64_t arg;     // kCheck: offset; kReply: 0 accepted, else refused; kRevoke: nonce
-  uint64_t len;     // kCheck: put length
+  uint64_t token;   // kCheck/kReply/kPutData/kPutDone: put id; kRevoke: region id
+  uint64_t arg;     // kCheck/kPutData: offset; kReply: 0 accepted, else refused;
+                    // kPutDone: PutVerdict; kRevoke: nonce
+  uint64_t len;     // kCheck: put length; kPutData: region id
 };
+
+// How puts move (HMC_UCX_PUT; put.cpp).
+enum class PutMode { kAuto, kRma, kAm };
 
 struct Conn;
 struct Recv;
@@ -78,14 +88,15 @@ struct Recv;
 // (or at once when UCP completed it inline). `conn` is cleared when the
 // connection goes away first.
 struct Op {
-  enum Type { kSend, kControl, kRecvData, kPut, kFlush } type;
+  enum Type { kSend, kControl, kRecvData, kPut, kFlush, kPutSend, kPutRecv } type;
   explicit Op(Type t) : type(t) {}
   class Provider* provider = nullptr;
   Conn* conn = nullptr;
   const char* src = nullptr;  // kSend: the caller's buffer (while held)
   Request* req = nullptr;  // kSend: the host's request
   Recv* recv = nullptr;    // kRecvData
-  uint64_t put = 0;        // kFlush: the put it completes
+  uint64_t put = 0;        // kFlush, kPutSend, kPutRecv: the put it belongs to
+  uint64_t region = 0;     // kPutRecv: the region it lands in
   size_t bytes = 0;
   Wire wire{};
   std::string payload;  // kControl
@@ -135,6 +146,17 @@ struct PendingPut {
 struct VerifiedKey {
   ucp_rkey_h rkey = nullptr;
   uint64_t region = 0, nonce = 0, base = 0;
+  bool am = false;  // puts with it go as active messages (put.cpp)
+};
+
+// A put sent as an active message: done once UCP has sent it and the target
+// has said that it landed (or why not).
+struct AmPut {
+  Request* req = nullptr;
+  size_t len = 0;
+  bool sent = false, answered = false;
+  int rc = HMC_PROV_OK;
+  std::string why;
 };
 
 struct Conn {
@@ -160,6 +182,7 @@ struct Conn {
   std::deque<Op*> held;                 // sends waiting for earlier puts to finish
   size_t puts = 0;                      // puts not yet complete: later sends wait
   std::map<uint64_t, PendingPut> checking;  // puts waiting for the target's verdict
+  std::map<uint64_t, AmPut> am_puts;         // active-message puts under way, by put id
   std::map<std::string, VerifiedKey, std::less<>> keys;  // keys the target accepted (found by view)
   std::set<Op*> ops;
 };
@@ -290,6 +313,12 @@ class Provider {
   void on_reply(Conn& c, const Wire& w, const std::string& why);
   void on_revoke(Conn& c, const Wire& w);
   void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
+  void start_am_put(Conn& c, PendingPut p, const VerifiedKey& k);
+  bool am_put_for(const VerifiedKey& k) const;
+  void on_put_data(Conn& c, Incoming& m);
+  void on_put_done(Conn& c, const Wire& w, const std::string& why);
+  void am_put_step(Conn& c, uint64_t id, bool sent, int rc, const std::string& why);
+  bool landing(uint64_t region) const;
   void put_finished(Conn& c, Request* req, size_t bytes, int rc, const std::string& why);
   void drop_keys(Conn& c);
 
@@ -300,6 +329,8 @@ class Provider {
   std::vector<char> worker_addr_;
   std::string transports_;  // what UCX selected, e.g. "tcp,posix,cma"
   bool peer_errors_ = true;  // endpoints in UCP_ERR_HANDLING_MODE_PEER (else NONE)
+  PutMode put_mode_ = PutMode::kAuto;
+  bool tcp_only_ = false;  // UCX has tcp and no verbs transport (auto puts: put.cpp)
   double latency_us_ = 0, bandwidth_gbps_ = 0;
   size_t eager_limit_same_host_ = 0;  // props advice; 0 = none
   std::string bind_addr_;

@@ -14,6 +14,17 @@
 // A put is ucp_put_nbx then ucp_ep_flush_nbx; the request completes when the
 // flush does, i.e. when the data is in the target's memory. Until then later
 // sends on the connection wait (Conn::held): the ordering contract.
+//
+// Over tcp, UCX's put is slow (its own ucp_put_bw: 0.6 GB/s at 4 MiB on
+// loopback, where its active messages move 6.6 GB/s; docs/ucx.md), so there a
+// put may go as an active message instead (kPutData, HMC_UCX_PUT): the
+// target checks the region, the offset and that the key was verified on this
+// connection, takes the data straight into the region (UCP's rendezvous for
+// large ones), then answers kPutDone. The put completes when UCP has sent it
+// and the answer is in. A region being deregistered first waits (bounded) for
+// the puts landing in it. `auto` picks this where UCX has tcp and no verbs
+// transport and cannot map the target's memory (ucp_rkey_ptr): a peer on
+// another host, or memory from malloc on this one.
 #include <cstring>
 
 #include "provider.h"
@@ -97,6 +108,9 @@ void Provider::on_reply(Conn& c, const Wire& w, const std::string& why) {
       return;
     }
   }
+  k.am = am_put_for(k);
+  host_.log(HMC_LOG_DEBUG, "puts to " + c.peer + " into region " + std::to_string(k.region) + " go " +
+                               (k.am ? "as active messages" : "by ucp_put_nbx"));
   auto& slot = c.keys[p.key];
   slot = k;
   start_put(c, std::move(p), slot);
@@ -116,6 +130,10 @@ void Provider::on_revoke(Conn& c, const Wire& w) {
 void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   if (p.len == 0) {
     put_finished(c, p.req, 0, HMC_PROV_OK, {});
+    return;
+  }
+  if (k.am) {
+    start_am_put(c, std::move(p), k);
     return;
   }
   ucp_request_param_t param{};
@@ -153,6 +171,122 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   } else {
     put_finished(c, p.req, p.len, HMC_PROV_OK, {});
   }
+}
+
+bool Provider::am_put_for(const VerifiedKey& k) const {
+  if (put_mode_ != PutMode::kAuto) return put_mode_ == PutMode::kAm;
+  void* mapped = nullptr;
+  return tcp_only_ && k.rkey != nullptr && ucp_rkey_ptr(k.rkey, k.base, &mapped) != UCS_OK;
+}
+
+void Provider::start_am_put(Conn& c, PendingPut p, const VerifiedKey& k) {
+  AmPut& entry = c.am_puts[p.id];
+  entry.req = p.req;
+  entry.len = p.len;
+  auto* op = new Op(Op::kPutSend);
+  op->provider = this;
+  op->conn = &c;
+  op->put = p.id;
+  op->bytes = p.len;
+  op->wire = Wire{c.peer_id, static_cast<uint32_t>(Kind::kPutData), c.peer_cookie, c.send_seq++, p.id, p.offset, k.region};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = op_cb;
+  param.user_data = op;
+  void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, sizeof(Wire), p.src, p.len, &param);
+  if (UCS_PTR_IS_PTR(r)) {
+    c.ops.insert(op);
+    return;
+  }
+  delete op;
+  if (UCS_PTR_IS_ERR(r))
+    am_put_step(c, p.id, true, HMC_PROV_ERR_PEER_LOST,
+                std::string("ucp_am_send_nbx: ") + ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
+  else
+    am_put_step(c, p.id, true, HMC_PROV_OK, {});
+}
+
+// Initiator: one of an active-message put's two ends (UCP sent it, or the
+// target answered) is in; the first failure decides, both successes finish it.
+void Provider::am_put_step(Conn& c, uint64_t id, bool sent, int rc, const std::string& why) {
+  auto it = c.am_puts.find(id);
+  if (it == c.am_puts.end()) return;  // failed already (with its connection)
+  AmPut& p = it->second;
+  (sent ? p.sent : p.answered) = true;
+  if (rc == HMC_PROV_OK && !(p.sent && p.answered)) return;
+  AmPut done = std::move(p);
+  c.am_puts.erase(it);
+  put_finished(c, done.req, rc == HMC_PROV_OK ? done.len : 0, rc, why);
+}
+
+// Target: a put's data, in its turn. Written only into a live region whose key
+// this connection had verified, inside its bounds.
+void Provider::on_put_data(Conn& c, Incoming& m) {
+  const uint64_t id = m.wire.token, offset = m.wire.arg;
+  auto it = regions_.find(m.wire.len);
+  std::string why;
+  if (it == regions_.end()) {
+    why = "the region was deregistered (stale remote key)";
+  } else if (!it->second->verified.contains(c.id)) {
+    why = "remote key not checked on this connection";
+  } else if (offset > it->second->len || m.len > it->second->len - offset) {
+    why = "put of " + std::to_string(m.len) + " bytes at offset " + std::to_string(offset) + " leaves the " +
+          std::to_string(it->second->len) + "-byte region";
+  }
+  if (!why.empty()) {
+    drop(m);
+    send_control(c, Kind::kPutDone, id, kRefused, 0, why);
+    return;
+  }
+  char* dest = it->second->base + offset;
+  if (!m.rndv) {
+    if (m.len > 0) std::memcpy(dest, m.bytes(), m.len);
+    drop(m);
+    send_control(c, Kind::kPutDone, id, kLanded, 0, {});
+    return;
+  }
+  auto* op = new Op(Op::kPutRecv);
+  op->provider = this;
+  op->conn = &c;
+  op->put = id;
+  op->region = m.wire.len;
+  op->bytes = m.len;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.user_data = op;
+  p.cb.recv_am = [](void* request, ucs_status_t status, size_t length, void* user_data) {
+    auto* o = static_cast<Op*>(user_data);
+    o->provider->on_op_done(o, status, length);
+    ucp_request_free(request);
+  };
+  void* q = ucp_am_recv_data_nbx(worker_, m.held, dest, m.len, &p);
+  m.held = nullptr;  // UCP owns the descriptor again
+  if (UCS_PTR_IS_PTR(q)) {
+    c.ops.insert(op);
+    return;
+  }
+  delete op;
+  if (UCS_PTR_IS_ERR(q))
+    send_control(c, Kind::kPutDone, id, kLost, 0, std::string("receive failed: ") + ucs_status_string(UCS_PTR_STATUS(q)));
+  else
+    send_control(c, Kind::kPutDone, id, kLanded, 0, {});
+}
+
+// Initiator: the target's answer to an active-message put.
+void Provider::on_put_done(Conn& c, const Wire& w, const std::string& why) {
+  if (w.arg == kLanded) am_put_step(c, w.token, false, HMC_PROV_OK, {});
+  else if (w.arg == kRefused) am_put_step(c, w.token, false, HMC_PROV_ERR_OUT_OF_BOUNDS, "put refused by the peer: " + why);
+  else am_put_step(c, w.token, false, HMC_PROV_ERR_PEER_LOST, "put failed at the peer: " + why);
+}
+
+// Is a put still landing in `region` from a connection that can still deliver?
+bool Provider::landing(uint64_t region) const {
+  for (const auto& [id, c] : conns_) {
+    if (c->state != Conn::kOpen) continue;
+    for (const Op* op : c->ops)
+      if (op->type == Op::kPutRecv && op->region == region) return true;
+  }
+  return false;
 }
 
 void Provider::put_finished(Conn& c, Request* req, size_t bytes, int rc, const std::string& why) {

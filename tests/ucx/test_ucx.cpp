@@ -1,6 +1,7 @@
 // ucx-specific behaviour, in real processes: progress while the target is
 // outside HMC, path negotiation against tcp and shm, host memory from ucx's
 // mem_alloc, and a UCX that cannot start. Each case runs over the transports in UCX_TLS_LIST (tcp and shm).
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,10 +39,65 @@ const PathCandidate* candidate(const PathInfo& path, const std::string& name) {
 }  // namespace
 
 // UCX emulates a put into malloc'd memory over shared memory with active
-// messages the target must progress; the provider's thread does that, so the
-// target may be asleep outside every HMC call. The put must also complete
-// well before the target wakes.
+// messages the target must progress, and a put as an active message of our own
+// (HMC_UCX_PUT=am, what tcp uses) needs the target too; the provider's thread
+// does that, so the target may be asleep outside every HMC call. The put must
+// also complete well before the target wakes.
 TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put]") {
+  if (!have_ucx()) {
+    WARN("ucx provider unavailable here: skipped");
+    return;
+  }
+  for (const auto& tls : kTransports) {
+    for (const std::string mode : {"am", "rma"}) {
+      DYNAMIC_SECTION("UCX transports " << tls << ", HMC_UCX_PUT=" << mode) {
+        std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"},
+                                             {"HMC_UCX_TLS", tls},
+                                             {"HMC_UCX_PUT", mode},
+                                             {"HMC_TIMEOUT", "30s"}};
+        auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+          const std::size_t bytes = 16u << 20;
+          std::vector<uint8_t> region(bytes, 0xEE);
+          auto mr = e.comm.register_memory(region.data(), region.size());
+          HMC_EXPECT(mr.ok(), mr.status().to_string());
+          auto mine = mr->pack();
+          std::vector<uint8_t> theirs(mine.bytes.size());
+          const int peer = 1 - e.rank;
+          Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
+          HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
+          HMC_EXPECT_OK(rk.wait());
+          HMC_EXPECT_OK(e.comm.barrier());
+          if (e.rank == 1) {
+            std::this_thread::sleep_for(std::chrono::seconds(4));  // no HMC call at all
+            char done = 0;
+            HMC_EXPECT_OK(e.comm.recv(&done, 1, 0, 2));
+            auto want = test::random_bytes(bytes - 4096, 77);
+            HMC_EXPECT(std::memcmp(region.data() + 4096, want.data(), want.size()) == 0, "put data wrong");
+            HMC_EXPECT(region[4095] == 0xEE, "put wrote before its offset");
+            return 0;
+          }
+          auto data = test::random_bytes(bytes - 4096, 77);
+          auto t0 = Clock::now();
+          HMC_EXPECT_OK(e.comm.put(peer, data.data(), data.size(), RemoteKey{theirs}, 4096).wait(std::chrono::seconds(3)));
+          auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          HMC_EXPECT(took < 3000, "put took " + std::to_string(took) + " ms: the target's worker was not progressed");
+          char done = 1;
+          HMC_EXPECT_OK(e.comm.send(&done, 1, 1, 2));
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
+// A put sent as an active message lands in the region on the target's side, so
+// deregistering the region must wait for a put already landing, or the memory
+// could be written after the application freed it. The target unmaps the region
+// right after deregistering it: a write after that kills it. The put itself either
+// landed (dereg waited) or was refused (it came after the dereg).
+TEST_CASE("ucx: deregistering a region waits for a put landing in it", "[ucx][put][dereg]") {
   if (!have_ucx()) {
     WARN("ucx provider unavailable here: skipped");
     return;
@@ -50,35 +106,44 @@ TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put
     DYNAMIC_SECTION("UCX transports " << tls) {
       std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"},
                                            {"HMC_UCX_TLS", tls},
+                                           {"HMC_UCX_PUT", "am"},
                                            {"HMC_TIMEOUT", "30s"}};
       auto exits = test::run_ranks(2, s, [](RankEnv& e) {
-        const std::size_t bytes = 16u << 20;
-        std::vector<uint8_t> region(bytes, 0xEE);
-        auto mr = e.comm.register_memory(region.data(), region.size());
-        HMC_EXPECT(mr.ok(), mr.status().to_string());
-        auto mine = mr->pack();
-        std::vector<uint8_t> theirs(mine.bytes.size());
+        const std::size_t bytes = 64u << 20;
         const int peer = 1 - e.rank;
-        Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
-        HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
-        HMC_EXPECT_OK(rk.wait());
-        HMC_EXPECT_OK(e.comm.barrier());
-        if (e.rank == 1) {
-          std::this_thread::sleep_for(std::chrono::seconds(4));  // no HMC call at all
-          char done = 0;
-          HMC_EXPECT_OK(e.comm.recv(&done, 1, 0, 2));
-          auto want = test::random_bytes(bytes - 4096, 77);
-          HMC_EXPECT(std::memcmp(region.data() + 4096, want.data(), want.size()) == 0, "put data wrong");
-          HMC_EXPECT(region[4095] == 0xEE, "put wrote before its offset");
+        if (e.rank == 0) {
+          void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          HMC_EXPECT(mem != MAP_FAILED, "mmap failed");
+          std::memset(mem, 0xEE, bytes);
+          int32_t code = -1;
+          {
+            auto mr = e.comm.register_memory(mem, bytes);
+            HMC_EXPECT(mr.ok(), mr.status().to_string());
+            auto key = mr->pack();
+            const uint64_t len = key.bytes.size();
+            HMC_EXPECT_OK(e.comm.send(&len, sizeof len, peer, 1));
+            HMC_EXPECT_OK(e.comm.send(key.bytes.data(), len, peer, 1));
+            char go = 0;
+            HMC_EXPECT_OK(e.comm.recv(&go, 1, peer, 2));
+          }  // deregistered here, with the put on its way or landing
+          munmap(mem, bytes);
+          HMC_EXPECT_OK(e.comm.recv(&code, sizeof code, peer, 3));
+          HMC_EXPECT(code == static_cast<int32_t>(ErrorCode::kOk) || code == static_cast<int32_t>(ErrorCode::kOutOfBounds),
+                     "put ended with code " + std::to_string(code));
           return 0;
         }
-        auto data = test::random_bytes(bytes - 4096, 77);
-        auto t0 = Clock::now();
-        HMC_EXPECT_OK(e.comm.put(peer, data.data(), data.size(), RemoteKey{theirs}, 4096).wait(std::chrono::seconds(3)));
-        auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-        HMC_EXPECT(took < 3000, "put took " + std::to_string(took) + " ms: the target's worker was not progressed");
-        char done = 1;
-        HMC_EXPECT_OK(e.comm.send(&done, 1, 1, 2));
+        uint64_t len = 0;
+        HMC_EXPECT_OK(e.comm.recv(&len, sizeof len, peer, 1));
+        std::vector<uint8_t> key(len);
+        HMC_EXPECT_OK(e.comm.recv(key.data(), len, peer, 1));
+        auto data = test::random_bytes(bytes, 5);
+        // A first small put has the key checked, so the big one goes at once.
+        HMC_EXPECT_OK(e.comm.put(peer, data.data(), 64, RemoteKey{key}, 0).wait());
+        char go = 1;
+        HMC_EXPECT_OK(e.comm.send(&go, 1, peer, 2));
+        Status put = e.comm.put(peer, data.data(), bytes, RemoteKey{key}, 0).wait(std::chrono::seconds(20));
+        const auto code = static_cast<int32_t>(put.code());
+        HMC_EXPECT_OK(e.comm.send(&code, sizeof code, peer, 3));
         return 0;
       });
       INFO(test::describe(exits));
