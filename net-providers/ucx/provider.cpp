@@ -388,13 +388,12 @@ Provider::~Provider() {
     thread_.join();
   }
   std::unique_lock lock(mu_);
+  // Connections the host left open close as close_conn closes them: what was sent
+  // (a send that completed may still sit in UCX's queue) goes out first, for 2 s at most.
   std::vector<uint32_t> ids;
   for (auto& [id, c] : conns_) ids.push_back(id);
-  for (uint32_t id : ids) {
-    fail(*conns_[id], HMC_PROV_ERR_CLOSED, "provider finalized");
-    retire(std::move(conns_[id]));
-    conns_.erase(id);
-  }
+  const auto cap = Clock::now() + std::chrono::seconds(2);
+  for (uint32_t id : ids) close_locked(conns_[id].get(), cap);
   for (auto& [k, l] : listeners_) close(l->fd);
   listeners_.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -434,8 +433,7 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   c.checking.clear();
   for (auto& [id, p] : c.am_puts) p.req->fail(code, why);
   c.am_puts.clear();
-  for (auto& m : c.unexpected) drop(m);
-  c.unexpected.clear();
+  keep_arrived(c, code == HMC_PROV_ERR_PEER_LOST);
   for (auto& [seq, m] : c.inbox) drop(m);
   c.inbox.clear();
   drop_keys(c);
@@ -450,6 +448,26 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   if (c.fd >= 0) close(c.fd);
   c.fd = -1;
   wake_later();
+}
+
+// Messages that arrived whole from a peer now lost stay for recv_msg, in order, up to
+// the first one whose data UCP would still have to fetch (a rendezvous): that one and
+// what follows are dropped. A message sent just before its sender finalized must not
+// vanish because the sender's end was noticed first. Held UCP buffers become copies.
+// Closing (any other code) keeps nothing.
+void Provider::keep_arrived(Conn& c, bool keep) {
+  size_t kept = 0;
+  for (auto& m : c.unexpected) {
+    if (!keep || m.rndv) break;
+    if (m.held != nullptr) {
+      m.copy.assign(static_cast<const char*>(m.held), m.len);
+      ucp_am_data_release(worker_, m.held);
+      m.held = nullptr;
+    }
+    ++kept;
+  }
+  for (size_t i = kept; i < c.unexpected.size(); ++i) drop(c.unexpected[i]);
+  c.unexpected.erase(c.unexpected.begin() + static_cast<std::ptrdiff_t>(kept), c.unexpected.end());
 }
 
 // Ops still in flight complete with an error once the endpoint is closed;
@@ -476,13 +494,21 @@ int Provider::close_conn(void* conn) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  close_locked(c, Clock::time_point::max());
+  unlock_and_wake(lock);
+  return HMC_PROV_OK;
+}
+
+// close_conn's work, under mu_; waits until `cap` at the latest.
+void Provider::close_locked(Conn* c, Clock::time_point cap) {
   ucp_ep_h ep = c->ep;
   const int fd = c->fd;
   const bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
   c->ep = nullptr;  // fail() leaves both to us
   c->fd = -1;
   fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
-  const auto deadline = Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10));
+  const auto deadline =
+      std::min(cap, Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10)));
   void* closing = nullptr;
   if (ep != nullptr) {
     ucp_request_param_t p{};
@@ -510,8 +536,6 @@ int Provider::close_conn(void* conn) {
   auto it = conns_.find(c->id);
   retire(std::move(it->second));
   conns_.erase(it);
-  unlock_and_wake(lock);
-  return HMC_PROV_OK;
 }
 
 void Provider::on_ep_error(ucp_ep_h ep, ucs_status_t status) {

@@ -286,6 +286,8 @@ class Provider {
   Conn* find(void* conn);
   void fail(Conn& c, int code, const std::string& why);
   void retire(std::unique_ptr<Conn> c);
+  void close_locked(Conn* c, Clock::time_point cap);
+  void keep_arrived(Conn& c, bool keep);
   bool drive();  // worker progress until idle, under mu_; true if anything moved
   void wake_later() { wake_ = true; }
   void unlock_and_wake(std::unique_lock<std::mutex>& lock);

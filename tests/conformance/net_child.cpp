@@ -3,6 +3,10 @@
 //
 //   stream: connects and sends kStreamMsg-byte messages until the connection
 //           fails; the parent kills it mid-transfer.
+//   last:   connects, takes kLastFlood 8-byte messages (all receives posted
+//           at once), sends kLastCount
+//           messages (net_child.h), each waited for, and finalizes the
+//           provider at once, without close_conn.
 //   put:    connects, receives a PutPlan (net_child.h), puts random data at
 //           offset and sends a marker right behind it, puts into the other
 //           region, reports; after the parent's "go" tries the other
@@ -42,6 +46,22 @@ int stream_mode(Session& s, void* conn) {
     std::memset(msg.data(), static_cast<int>(i & 0xff), msg.size());
     if (send_wait(s, conn, msg.data(), msg.size()) != HMC_PROV_OK) return 0;
   }
+}
+
+int last_mode(Session& s, void* conn) {
+  std::vector<char> msg(kLastSizes[3]);
+  std::vector<void*> recvs(kLastFlood);
+  for (auto& q : recvs)
+    if (s.p->recv_msg(s.state, conn, msg.data(), msg.size(), &q) < 0) return fail("recv_msg");
+  for (auto& q : recvs)
+    if (Outcome o = s.wait(q, std::chrono::seconds(60)); o.rc != HMC_PROV_OK || o.bytes != 8)
+      return fail("recv", std::to_string(o.rc) + " " + o.message);
+  for (int k = 0; k < kLastCount; ++k) {
+    for (size_t i = 0; i < last_size(k); ++i) msg[i] = last_byte(k, i);
+    if (int rc = send_wait(s, conn, msg.data(), last_size(k)); rc != HMC_PROV_OK)
+      return fail("send", std::to_string(k) + ": rc " + std::to_string(rc));
+  }
+  return 0;  // the Session finalizes the provider on the way out
 }
 
 // The immediate error of a put, else its request's result.
@@ -121,6 +141,7 @@ int child_main(int argc, char** argv) {
   }
   if (s.wait_connected(conn) != HMC_PROV_OK) return fail("connect", addr);
   if (mode == "stream") return stream_mode(s, conn);
+  if (mode == "last") return last_mode(s, conn);
   if (mode == "put") return put_mode(s, conn);
   return fail("unknown mode", mode);
 }

@@ -12,6 +12,13 @@ inline constexpr uint64_t kPutSalt = 77;         // random data the put child wr
 inline constexpr uint64_t kOtherSalt = 78;       // ... into the other region
 inline constexpr uint64_t kOtherLen = 4096;      // ... at its offset 0
 inline constexpr uint32_t kMarker = 0x4b52414d;  // "MARK", sent right behind the put
+inline constexpr int kLastFlood = 3000;          // last mode: 8-byte messages it takes first
+inline constexpr int kLastCount = 41;            // last mode: messages before fini (the last 8 B)
+inline constexpr size_t kLastSizes[] = {8, 4096, 65536, 1 << 20};
+
+// Last mode's message k: kLastSizes[k % 4] bytes, byte i = (k * 31 + i) & 0xff.
+inline size_t last_size(int k) { return kLastSizes[k % 4]; }
+inline char last_byte(int k, size_t i) { return static_cast<char>((static_cast<size_t>(k) * 31 + i) & 0xff); }
 
 // Parent -> put child. Phase 1: `len` bytes at `offset` of the region, the
 // marker right behind, then kOtherLen bytes into the other region (the
