@@ -305,11 +305,14 @@ int Provider::start(std::string& why) {
           std::string(tls.empty() ? "UCX_TLS" : "HMC_UCX_TLS=" + tls) + " gives only self)";
     return HMC_PROV_ERR_UNAVAILABLE;
   }
-  // Peers on this host talk over posix/sysv when UCX has them. A message there is an
-  // active message that UCX moves in 8 KiB fragments through a bounce buffer, while a
-  // put into memory from mem_alloc is one memcpy: past 32 KiB the host's rendezvous
-  // wins even into malloc memory, where UCX emulates the put (docs/ucx.md).
-  if (names.contains("posix") || names.contains("sysv")) eager_limit_same_host_ = kShmEagerLimit;
+  // Peers on this host talk over posix/sysv when UCX has them and no transport with peer
+  // failure handling (endpoints in PEER mode use only lanes that can report a dead peer,
+  // which posix and sysv cannot: with tcp in the list, the default included, every
+  // endpoint is tcp). A message there is an active message that UCX moves in 8 KiB
+  // fragments through a bounce buffer, while a put into memory from mem_alloc is one
+  // memcpy: past 32 KiB the host's rendezvous wins even into malloc memory, where UCX
+  // emulates the put (docs/ucx.md).
+  if (!peer_errors_ && (names.contains("posix") || names.contains("sysv"))) eager_limit_same_host_ = kShmEagerLimit;
   // Cost-model inputs for the class of transport that serves the slowest peers
   // (docs/ucx.md has the measurements behind them).
   if (has_rdma) {

@@ -53,7 +53,7 @@ inline constexpr hmc_param_t kParams[] = {
      "but UCX aborts this process when the peer dies mid-copy"},
     {"HMC_UCX_PUT", "string", "auto",
      "how puts move: rma (ucp_put_nbx), am (active messages the target writes into the region), or auto: "
-     "am where UCX has tcp and no verbs transport and cannot map the target's memory, else rma"},
+     "am where UCX has tcp and no verbs transport (every endpoint is tcp then), else rma"},
 };
 
 inline constexpr unsigned kAmId = 0x4d;  // "M"
@@ -316,7 +316,7 @@ class Provider {
   void on_revoke(Conn& c, const Wire& w);
   void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
   void start_am_put(Conn& c, PendingPut p, const VerifiedKey& k);
-  bool am_put_for(const VerifiedKey& k) const;
+  bool am_put_for() const;
   void on_put_data(Conn& c, Incoming& m);
   void on_put_done(Conn& c, const Wire& w, const std::string& why);
   void am_put_step(Conn& c, uint64_t id, bool sent, int rc, const std::string& why);

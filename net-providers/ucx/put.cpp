@@ -23,8 +23,7 @@
 // large ones), then answers kPutDone. The put completes when UCP has sent it
 // and the answer is in. A region being deregistered first waits (bounded) for
 // the puts landing in it. `auto` picks this where UCX has tcp and no verbs
-// transport and cannot map the target's memory (ucp_rkey_ptr): a peer on
-// another host, or memory from malloc on this one.
+// transport, which makes every endpoint a tcp one.
 #include <cstring>
 
 #include "provider.h"
@@ -108,7 +107,7 @@ void Provider::on_reply(Conn& c, const Wire& w, const std::string& why) {
       return;
     }
   }
-  k.am = am_put_for(k);
+  k.am = am_put_for();
   host_.log(HMC_LOG_DEBUG, "puts to " + c.peer + " into region " + std::to_string(k.region) + " go " +
                                (k.am ? "as active messages" : "by ucp_put_nbx"));
   auto& slot = c.keys[p.key];
@@ -173,10 +172,10 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   }
 }
 
-bool Provider::am_put_for(const VerifiedKey& k) const {
-  if (put_mode_ != PutMode::kAuto) return put_mode_ == PutMode::kAm;
-  void* mapped = nullptr;
-  return tcp_only_ && k.rkey != nullptr && ucp_rkey_ptr(k.rkey, k.base, &mapped) != UCS_OK;
+// With tcp and no verbs, every endpoint is tcp (provider.cpp: PEER mode leaves posix and
+// sysv out), even to a peer on this host whose memory UCP could map.
+bool Provider::am_put_for() const {
+  return put_mode_ == PutMode::kAuto ? tcp_only_ : put_mode_ == PutMode::kAm;
 }
 
 void Provider::start_am_put(Conn& c, PendingPut p, const VerifiedKey& k) {
