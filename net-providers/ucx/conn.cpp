@@ -258,21 +258,12 @@ void Provider::assign(Conn& c, Recv& r, Incoming& m) {
     op->conn = &c;
     op->recv = &r;
     op->bytes = m.len;
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.user_data = op;
-    p.cb.recv_am = [](void* request, ucs_status_t status, size_t length, void* user_data) {
-      auto* o = static_cast<Op*>(user_data);
-      o->provider->on_op_done(o, status, length);
-      ucp_request_free(request);
-    };
     char* dest = r.buf;
     if (!peer_errors_) {
       op->bounce.reset(new char[m.len > 0 ? m.len : 1]);  // not zeroed: UCP fills it
       dest = op->bounce.get();
     }
-    void* q = ucp_am_recv_data_nbx(worker_, m.held, dest, m.len, &p);
-    m.held = nullptr;  // UCP owns the descriptor again
+    void* q = fetch(m, op, dest);
     if (UCS_PTR_IS_PTR(q)) {
       r.op = op;
       c.ops.insert(op);
@@ -293,6 +284,23 @@ void Provider::assign(Conn& c, Recv& r, Incoming& m) {
     drop(m);
   }
   complete_ready(c);
+}
+
+// Starts fetching rendezvous message `m`'s data into `dest` (op: the callback's
+// user data). UCP owns the descriptor again afterwards. Returns what
+// ucp_am_recv_data_nbx did: a request, an error, or null when it landed at once.
+void* Provider::fetch(Incoming& m, Op* op, void* dest) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.user_data = op;
+  p.cb.recv_am = [](void* request, ucs_status_t status, size_t length, void* user_data) {
+    auto* o = static_cast<Op*>(user_data);
+    o->provider->on_op_done(o, status, length);
+    ucp_request_free(request);
+  };
+  void* q = ucp_am_recv_data_nbx(worker_, m.held, dest, m.len, &p);
+  m.held = nullptr;
+  return q;
 }
 
 void Provider::complete_ready(Conn& c) {

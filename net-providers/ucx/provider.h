@@ -301,6 +301,7 @@ class Provider {
   void deliver(Conn& c, Incoming m);
   void assign(Conn& c, Recv& r, Incoming& m);
   void complete_ready(Conn& c);
+  void* fetch(Incoming& m, Op* op, void* dest);
   void release_held(Conn& c);
   void drop(Incoming& m);
 

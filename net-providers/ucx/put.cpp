@@ -250,16 +250,7 @@ void Provider::on_put_data(Conn& c, Incoming& m) {
   op->put = id;
   op->region = m.wire.len;
   op->bytes = m.len;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.user_data = op;
-  p.cb.recv_am = [](void* request, ucs_status_t status, size_t length, void* user_data) {
-    auto* o = static_cast<Op*>(user_data);
-    o->provider->on_op_done(o, status, length);
-    ucp_request_free(request);
-  };
-  void* q = ucp_am_recv_data_nbx(worker_, m.held, dest, m.len, &p);
-  m.held = nullptr;  // UCP owns the descriptor again
+  void* q = fetch(m, op, dest);
   if (UCS_PTR_IS_PTR(q)) {
     c.ops.insert(op);
     return;

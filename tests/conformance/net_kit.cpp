@@ -15,15 +15,20 @@
 
 namespace hmc_conformance {
 
-Link connect_pair(Session& a, Session& b) {
+Link listen_local(Session& s) {
   Link link;
   char addr[HMC_NET_ADDR_MAX];
   size_t addr_len = 0;
-  REQUIRE(b.p->listen(b.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &link.listener) ==
+  REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &link.listener) ==
           HMC_PROV_OK);
   link.addr.assign(addr, addr_len);
+  return link;
+}
+
+Link connect_pair(Session& a, Session& b) {
+  Link link = listen_local(b);
   const std::vector<char> hello = random_bytes(64, 1);
-  REQUIRE(a.p->connect(a.state, addr, addr_len, hello.data(), hello.size(), &link.a) ==
+  REQUIRE(a.p->connect(a.state, link.addr.data(), link.addr.size(), hello.data(), hello.size(), &link.a) ==
           HMC_PROV_OK);
   std::vector<char> got;
   link.b = b.accept(link.listener, &got);

@@ -103,6 +103,8 @@ struct Link {
 };
 // Listens on b, connects from a and accepts; Catch REQUIREs on failure.
 Link connect_pair(Session& a, Session& b);
+// Listens on 127.0.0.1 (Link::listener and Link::addr set); Catch REQUIREs on failure.
+Link listen_local(Session& s);
 
 // Runs `body` once per plugin, each in its own section; unavailable plugins are skipped.
 void for_each_plugin(const std::function<void(Session&)>& body);

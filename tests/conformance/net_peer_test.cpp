@@ -13,12 +13,9 @@ using namespace hmc_conformance;
 TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][peer][process]") {
   for_each_plugin([](Session& s) {
     if (!s.has(HMC_NET_CAP_MSG)) return;
-    char addr[HMC_NET_ADDR_MAX];
-    size_t addr_len = 0;
-    void* listener = nullptr;
-    REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
-            HMC_PROV_OK);
-    Child child({"stream", s.path, std::string(addr, addr_len), std::to_string(seed())});
+    const Link local = listen_local(s);
+    void* listener = local.listener;
+    Child child({"stream", s.path, local.addr, std::to_string(seed())});
     void* conn = s.accept(listener, nullptr);
     REQUIRE(conn != nullptr);
 
@@ -77,15 +74,12 @@ TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][pee
 TEST_CASE("net: messages sent right before the peer finalizes arrive", "[net][peer][process]") {
   for_each_plugin([](Session& s) {
     if (!s.has(HMC_NET_CAP_MSG)) return;
-    char addr[HMC_NET_ADDR_MAX];
-    size_t addr_len = 0;
-    void* listener = nullptr;
-    REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
-            HMC_PROV_OK);
+    const Link local = listen_local(s);
+    void* listener = local.listener;
     std::vector<char> buf(kLastSizes[3]);
     for (int round = 0; round < 5; ++round) {
       INFO("round " << round);
-      Child child({"last", s.path, std::string(addr, addr_len), std::to_string(seed())});
+      Child child({"last", s.path, local.addr, std::to_string(seed())});
       void* conn = s.accept(listener, nullptr);
       REQUIRE(conn != nullptr);
       // Messages the other way first, all posted at once (the case that found it).

@@ -307,12 +307,9 @@ TEST_CASE("net: a put from another process lands before its next message", "[net
     if (skip_without_put(s) || !s.has(HMC_NET_CAP_MSG)) return;
     for (Mem mem : with_provider(s, {Mem::heap, Mem::shared, Mem::shared_fd_reused})) {
       INFO(mem_name(mem));
-      char addr[HMC_NET_ADDR_MAX];
-      size_t addr_len = 0;
-      void* listener = nullptr;
-      REQUIRE(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &addr_len, &listener) ==
-              HMC_PROV_OK);
-      Child child({"put", s.path, std::string(addr, addr_len), std::to_string(seed())});
+      const Link local = listen_local(s);
+      void* listener = local.listener;
+      Child child({"put", s.path, local.addr, std::to_string(seed())});
       void* conn = s.accept(listener, nullptr);
       REQUIRE(conn != nullptr);
 
