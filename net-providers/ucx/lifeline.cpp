@@ -59,8 +59,13 @@ int decode(const std::string& in, size_t max_hello, Handshake& out, size_t& used
   if (in.size() < sizeof(Head)) return 1;
   Head head;
   std::memcpy(&head, in.data(), sizeof(head));
-  if (head.magic != kHandshakeMagic || head.version != kHandshakeVersion) {
-    why = "not an HMC ucx handshake (magic or version)";
+  if (head.magic != kHandshakeMagic) {
+    why = "not an HMC ucx handshake";
+    return -1;
+  }
+  if (head.version != kHandshakeVersion) {
+    why = "ucx handshake version " + std::to_string(head.version) + " from the peer, " +
+          std::to_string(kHandshakeVersion) + " here (HMC builds that differ)";
     return -1;
   }
   if (head.hello_len > max_hello || head.worker_len == 0 || head.worker_len > kMaxWorkerAddress) {

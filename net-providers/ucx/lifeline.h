@@ -15,7 +15,9 @@
 namespace hmc_ucx {
 
 inline constexpr uint32_t kHandshakeMagic = 0x55434d48;  // "HMCU"
-inline constexpr uint32_t kHandshakeVersion = 1;
+// 2: puts may come as active messages (kPutData/kPutDone), which a version 1 peer
+// would leave unanswered.
+inline constexpr uint32_t kHandshakeVersion = 2;
 inline constexpr size_t kMaxWorkerAddress = 64 << 10;
 
 // What each side tells the other. The connector's carries the hello.

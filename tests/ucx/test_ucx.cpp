@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "eager_check.h"
+#include "lifeline.h"
 #include "multiprocess.h"
 
 using namespace hmc;
@@ -333,4 +334,36 @@ TEST_CASE("ucx: a UCX that cannot start is unavailable with its reason; tcp and 
   });
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
+}
+
+// The lifeline handshake carries a version: a peer whose ucx speaks another wire
+// protocol (version 1 left puts by active message unanswered) is refused with both
+// versions named, not left to time out.
+TEST_CASE("ucx: the lifeline handshake round-trips and refuses another version", "[ucx][handshake]") {
+  hmc_ucx::Handshake h;
+  h.conn = 7;
+  h.cookie = 0x1122334455667788ull;
+  h.hello = {'h', 'i'};
+  h.worker = {1, 2, 3, 4, 5};
+  const std::string bytes = hmc_ucx::encode(h);
+  hmc_ucx::Handshake got;
+  std::size_t used = 0;
+  std::string why;
+  REQUIRE(hmc_ucx::decode(bytes.substr(0, 10), 64, got, used, why) == 1);  // more bytes needed
+  REQUIRE(hmc_ucx::decode(bytes, 64, got, used, why) == 0);
+  CHECK(used == bytes.size());
+  CHECK(got.conn == 7);
+  CHECK(got.cookie == h.cookie);
+  CHECK(got.hello == h.hello);
+  CHECK(got.worker == h.worker);
+
+  std::string old = bytes;
+  const uint32_t v1 = 1;
+  std::memcpy(old.data() + 4, &v1, sizeof v1);  // the version field follows the magic
+  CHECK(hmc_ucx::decode(old, 64, got, used, why) < 0);
+  CHECK(why.find("version 1 from the peer, " + std::to_string(hmc_ucx::kHandshakeVersion) + " here") != std::string::npos);
+  std::string stranger = bytes;
+  stranger[0] ^= 0x5a;
+  CHECK(hmc_ucx::decode(stranger, 64, got, used, why) < 0);
+  CHECK(why == "not an HMC ucx handshake");
 }
