@@ -284,6 +284,7 @@ int Provider::start(std::string& why) {
   // lack it), and then a cma copy from a peer that died aborts this process.
   peer_errors_ = has_tcp || has_rdma;
   tcp_only_ = has_tcp && !has_rdma;
+  rdma_ = has_rdma;
   if (!peer_errors_ && names.contains("cma") && !keep_cma) {
     names.erase("cma");
     std::string rest;

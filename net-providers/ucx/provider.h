@@ -52,8 +52,9 @@ inline constexpr hmc_param_t kParams[] = {
      "keep cma when no transport has peer failure handling (UCX_TLS=shm): faster same-host puts, "
      "but UCX aborts this process when the peer dies mid-copy"},
     {"HMC_UCX_PUT", "string", "auto",
-     "how puts move: rma (ucp_put_nbx), am (active messages the target writes into the region), or auto: "
-     "am where UCX has tcp and no verbs transport (every endpoint is tcp then), else rma"},
+     "how puts move: rma (ucp_put_nbx; over tcp or into unmapped shared memory it may land in a region "
+     "deregistered a moment before), am (active messages the target checks and writes), or auto: rma over "
+     "verbs and into shared memory the initiator maps, else am"},
 };
 
 inline constexpr unsigned kAmId = 0x4d;  // "M"
@@ -317,7 +318,7 @@ class Provider {
   void on_revoke(Conn& c, const Wire& w);
   void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
   void start_am_put(Conn& c, PendingPut p, const VerifiedKey& k);
-  bool am_put_for() const;
+  bool am_put_for(const VerifiedKey& k) const;
   void on_put_data(Conn& c, Incoming& m);
   void on_put_done(Conn& c, const Wire& w, const std::string& why);
   void am_put_step(Conn& c, uint64_t id, bool sent, int rc, const std::string& why);
@@ -334,6 +335,7 @@ class Provider {
   bool peer_errors_ = true;  // endpoints in UCP_ERR_HANDLING_MODE_PEER (else NONE)
   PutMode put_mode_ = PutMode::kAuto;
   bool tcp_only_ = false;  // UCX has tcp and no verbs transport (auto puts: put.cpp)
+  bool rdma_ = false;      // UCX has a verbs transport (rc, ud, dc)
   double latency_us_ = 0, bandwidth_gbps_ = 0;
   size_t eager_limit_same_host_ = 0;  // props advice; 0 = none
   std::string bind_addr_;

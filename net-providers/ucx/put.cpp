@@ -22,8 +22,8 @@
 // connection, takes the data straight into the region (UCP's rendezvous for
 // large ones), then answers kPutDone. The put completes when UCP has sent it
 // and the answer is in. A region being deregistered first waits (bounded) for
-// the puts landing in it. `auto` picks this where UCX has tcp and no verbs
-// transport, which makes every endpoint a tcp one.
+// the puts landing in it. `auto` picks this wherever UCX would otherwise have
+// the target write on the initiator's behalf (am_put_for).
 #include <cstring>
 
 #include "provider.h"
@@ -107,7 +107,7 @@ void Provider::on_reply(Conn& c, const Wire& w, const std::string& why) {
       return;
     }
   }
-  k.am = am_put_for();
+  k.am = am_put_for(k);
   host_.log(HMC_LOG_DEBUG, "puts to " + c.peer + " into region " + std::to_string(k.region) + " go " +
                                (k.am ? "as active messages" : "by ucp_put_nbx"));
   auto& slot = c.keys[p.key];
@@ -172,10 +172,18 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   }
 }
 
-// With tcp and no verbs, every endpoint is tcp (provider.cpp: PEER mode leaves posix and
-// sysv out), even to a peer on this host whose memory UCP could map.
-bool Provider::am_put_for() const {
-  return put_mode_ == PutMode::kAuto ? tcp_only_ : put_mode_ == PutMode::kAm;
+// auto: ucp_put_nbx only where nothing on the target writes on the initiator's behalf:
+// verbs (the NIC refuses a revoked key) and shared-memory segments the initiator maps
+// (ucp_rkey_ptr). UCX's tcp put and its emulated shared-memory put write wherever they are
+// told, even into a region deregistered a moment before; active messages are checked by
+// the target, and as fast or faster (docs/ucx.md). With tcp and no verbs every endpoint is
+// tcp (provider.cpp: PEER mode leaves posix and sysv out), even where UCP could map.
+bool Provider::am_put_for(const VerifiedKey& k) const {
+  if (put_mode_ != PutMode::kAuto) return put_mode_ == PutMode::kAm;
+  if (rdma_) return false;
+  if (tcp_only_) return true;
+  void* mapped = nullptr;
+  return k.rkey == nullptr || ucp_rkey_ptr(k.rkey, k.base, &mapped) != UCS_OK;
 }
 
 void Provider::start_am_put(Conn& c, PendingPut p, const VerifiedKey& k) {
