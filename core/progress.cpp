@@ -58,6 +58,11 @@ class Recycling {
   }
 };
 
+// Bumped (under the changing engine's mu_) whenever any engine's list changes: a thread's
+// copy of a list is current while this has not moved. One count for every engine, so an
+// engine made where a destroyed one was never inherits its copy.
+std::atomic<uint64_t> list_changes{1};
+
 // The first sleep after polls close together (progress.h); longer than the gap
 // net-providers/common/msg_ring.h takes for a reader that stopped polling.
 constexpr std::chrono::microseconds kQuietTime{200};
@@ -89,11 +94,13 @@ std::shared_ptr<HostSegments> ProgressEngine::single_bell() const {
 void ProgressEngine::add(Progressable* p) {
   std::lock_guard lock(mu_);
   items_.push_back(p);
+  list_changes.fetch_add(1, std::memory_order_release);
 }
 
 void ProgressEngine::remove(Progressable* p) {
   std::lock_guard lock(mu_);
   items_.erase(std::remove(items_.begin(), items_.end(), p), items_.end());
+  list_changes.fetch_add(1, std::memory_order_release);
 }
 
 void ProgressEngine::add_poller(std::function<bool()> poll) {
@@ -103,17 +110,25 @@ void ProgressEngine::add_poller(std::function<bool()> poll) {
 
 bool ProgressEngine::progress() {
   // Copy under the lock, run without it: a communicator's progress may take a while.
-  // The copy reuses this thread's buffer (waiters call this in a tight loop), unless
-  // this call is nested in another.
+  // The copy is this thread's, kept while no engine's list changed (waiters call this in
+  // a tight loop, and the list changes only when communicators come and go), unless this
+  // call is nested in another.
   thread_local std::vector<Progressable*> reused;
+  thread_local const ProgressEngine* reused_of = nullptr;
+  thread_local uint64_t reused_at = 0;
   thread_local int depth = 0;
   std::vector<Progressable*> nested;
   std::vector<Progressable*>& items = depth == 0 ? reused : nested;
-  std::vector<std::function<bool()>>* pollers;
-  {
+  // only appended to during Context creation, before any wait
+  std::vector<std::function<bool()>>* pollers = &pollers_;
+  const uint64_t now = list_changes.load(std::memory_order_acquire);
+  if (depth > 0 || reused_of != this || reused_at != now) {
     std::lock_guard lock(mu_);
     items.assign(items_.begin(), items_.end());
-    pollers = &pollers_;  // only appended to during Context creation, before any wait
+    if (depth == 0) {
+      reused_of = this;
+      reused_at = list_changes.load(std::memory_order_relaxed);
+    }
   }
   ++depth;
   bool any = false;

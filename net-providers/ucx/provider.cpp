@@ -89,9 +89,10 @@ bool Provider::drive() {
     unsigned n = ucp_worker_progress(worker_);
     moved |= n != 0;
     std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors;
-    {
+    if (errors_pending_.load(std::memory_order_acquire)) {
       std::lock_guard lock(errors_mu_);
       errors.swap(errors_);
+      errors_pending_.store(false, std::memory_order_relaxed);
     }
     bool more = !errors.empty() || !pending_.empty();
     for (auto [ep, status] : errors) on_ep_error(ep, status);
@@ -557,6 +558,7 @@ void Provider::on_error_callback(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* p = static_cast<Provider*>(arg);
   std::lock_guard errors(p->errors_mu_);
   p->errors_.emplace_back(ep, status);
+  p->errors_pending_.store(true, std::memory_order_release);
 }
 
 }  // namespace hmc_ucx

@@ -357,6 +357,7 @@ class Provider {
   std::set<uint32_t> pending_;  // connections with inbox or held work after a callback
   std::mutex errors_mu_;  // taken alone, never while calling UCP
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors_;  // endpoint failures to handle
+  std::atomic<bool> errors_pending_{false};  // errors_ may be non-empty (set under errors_mu_)
 };
 
 }  // namespace hmc_ucx
