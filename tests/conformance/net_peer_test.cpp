@@ -69,8 +69,8 @@ TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][pee
 // A send that completed is delivered even when its sender finalizes the provider right
 // after, without close_conn: fini is an orderly end, not a crash. The end shows after
 // the last message. Found with ucx over tcp, after a stream of messages the other way:
-// UCX still held the last send at a forced close, or its connection still held the
-// message when the lifeline's end arrived.
+// the last message had arrived, unexpected, when the sender's end was noticed, and
+// failing the connection dropped it.
 TEST_CASE("net: messages sent right before the peer finalizes arrive", "[net][peer][process]") {
   for_each_plugin([](Session& s) {
     if (!s.has(HMC_NET_CAP_MSG)) return;
