@@ -83,7 +83,7 @@ void Provider::unlock_and_wake(std::unique_lock<std::mutex>& lock) {
 // Progresses the worker until idle (bounded), then does what its callbacks
 // left for outside them: endpoint failures, messages in the inboxes, sends
 // that waited for a put.
-bool Provider::drive() {
+bool Provider::drive(bool until_idle) {
   bool moved = false;
   for (int i = 0; i < 256; ++i) {
     unsigned n = ucp_worker_progress(worker_);
@@ -103,7 +103,7 @@ bool Provider::drive() {
       if (it != conns_.end()) pump(*it->second);
     }
     moved |= more;
-    if (n == 0 && !more) break;
+    if ((n == 0 || !until_idle) && !more) break;
   }
   for (auto it = closing_.begin(); it != closing_.end();) {
     if (ucp_request_check_status(*it) == UCS_INPROGRESS) {
@@ -125,7 +125,7 @@ int Provider::progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return HMC_PROV_OK;
   host_polled_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  bool moved = drive();
+  bool moved = drive(false);
   unlock_and_wake(lock);
   return moved ? 1 : HMC_PROV_OK;
 }

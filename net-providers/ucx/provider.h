@@ -289,7 +289,9 @@ class Provider {
   void retire(std::unique_ptr<Conn> c);
   void close_locked(Conn* c, Clock::time_point cap);
   void keep_arrived(Conn& c, bool keep);
-  bool drive();  // worker progress until idle, under mu_; true if anything moved
+  // Worker progress under mu_, until idle or (until_idle false: a host that polls
+  // again soon) one productive pass; true if anything moved.
+  bool drive(bool until_idle = true);
   void wake_later() { wake_ = true; }
   void unlock_and_wake(std::unique_lock<std::mutex>& lock);
 
