@@ -53,18 +53,33 @@ enum class Lookup { kFound, kNone, kUnsupported };
 
 // /proc/self/maps opened once per process: opening and closing it took 3 us of the 3.4 a
 // query cost. The file names the process that opened it, so a fork's child opens its own.
-// `fresh`: the kept fd failed (the application may have closed it, and its number may now
-// be another file's): forget it, without closing, and open again. Returns -1 where the file
-// cannot be opened. Called with the lock of query_mapping held.
-int maps_fd(bool fresh) {
-  static int fd = -1;
-  static pid_t owner = 0;
-  if (fd >= 0 && owner == getpid() && !fresh) return fd;
-  if (fd >= 0 && owner != getpid()) close(fd);  // inherited from the parent: its mappings, not ours
-  fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  owner = getpid();
-  return fd;
-}
+// Used with the lock of query_mapping held.
+struct KeptMaps {
+  int fd = -1;
+  pid_t owner = 0;
+  // The kept fd, opened when there is none (or it is the parent's). `fresh`: the kept fd
+  // failed and is no longer /proc/self/maps (the application closed it and the number may
+  // be another file's now): forget it, without closing, and open again. -1 where the file
+  // cannot be opened.
+  int get(bool fresh) {
+    if (fd >= 0 && owner == getpid() && !fresh) return fd;
+    if (fd >= 0 && owner != getpid()) close(fd);  // inherited from the parent: its mappings, not ours
+    fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    owner = getpid();
+    return fd;
+  }
+  // Whether the kept fd is still this process's /proc/self/maps.
+  bool intact() const {
+    struct stat a {}, b {};
+    return fd >= 0 && owner == getpid() && fstat(fd, &a) == 0 && stat("/proc/self/maps", &b) == 0 &&
+           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  }
+  // The kernel has no PROCMAP_QUERY: keep no fd open for nothing.
+  void drop() {
+    if (fd >= 0 && owner == getpid()) close(fd);
+    fd = -1;
+  }
+};
 
 // The file mapping that covers [begin, end), joined over adjacent pieces, by PROCMAP_QUERY on
 // `fd`. query_mapping: the same on the kept fd, once more on a fresh one if that failed.
@@ -96,12 +111,17 @@ Lookup query_one(int fd, uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& 
 
 Lookup query_mapping(uint64_t begin, uint64_t end, uint64_t& dev, uint64_t& ino, uint64_t& offset) {
   static std::mutex mu;
+  static KeptMaps maps;
   std::lock_guard lock(mu);
-  int fd = maps_fd(false);
+  int fd = maps.get(false);
   if (fd < 0) return Lookup::kUnsupported;
   Lookup found = query_one(fd, begin, end, dev, ino, offset);
-  if (found != Lookup::kUnsupported || (fd = maps_fd(true)) < 0) return found;
-  return query_one(fd, begin, end, dev, ino, offset);  // once more on a fresh fd
+  if (found != Lookup::kUnsupported) return found;
+  // Refused on the real file: the kernel lacks the query (before Linux 6.11, Debian 12's
+  // 6.1 among them). Else the fd is another file now: once more on a fresh one.
+  if (!maps.intact() && (fd = maps.get(true)) >= 0) found = query_one(fd, begin, end, dev, ino, offset);
+  if (found == Lookup::kUnsupported) maps.drop();
+  return found;
 }
 
 // The same by reading /proc/self/maps as text (kernels before 6.11).
