@@ -105,22 +105,23 @@ void* Provider::add_region(char* base, size_t len, std::shared_ptr<Mapping> mapp
 }
 
 // Revokes the region's key on every connection that verified it and forgets it. Under mu_.
+// Puts that arrive from now on find no region and are refused; active-message puts already
+// landing here (put.cpp) finish first, the region and its mapping kept until then: UCP
+// cannot cancel them, and the memory may be freed once we return.
 void Provider::drop_region(uint64_t id) {
-  // Peers' active-message puts already landing here (put.cpp) finish first:
-  // UCP cannot cancel them, and the memory may be freed once we return.
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return;
+  std::unique_ptr<Region> gone = std::move(it->second);
+  regions_.erase(it);
+  for (uint32_t conn : gone->verified) {
+    auto c = conns_.find(conn);
+    if (c != conns_.end() && c->second->state == Conn::kOpen)
+      send_control(*c->second, Kind::kRevoke, gone->id, gone->nonce, 0, {});
+  }
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (landing(id) && Clock::now() < deadline) drive();
   if (landing(id))
     host_.log(HMC_LOG_WARN, "dereg_mem: a peer's put into the region is still arriving after 10 s");
-  auto it = regions_.find(id);
-  if (it == regions_.end()) return;
-  Region& r = *it->second;
-  for (uint32_t conn : r.verified) {
-    auto c = conns_.find(conn);
-    if (c != conns_.end() && c->second->state == Conn::kOpen)
-      send_control(*c->second, Kind::kRevoke, r.id, r.nonce, 0, {});
-  }
-  regions_.erase(it);
 }
 
 // The mapping of the mem_alloc allocation holding [ptr, ptr+bytes), or null. Under mu_.
