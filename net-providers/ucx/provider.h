@@ -345,7 +345,9 @@ class Provider {
   int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;
   std::thread thread_;
   bool stop_ = false;
-  std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran the worker
+  std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran as part of a poll loop
+  Clock::duration last_progress_{};  // when progress() last ran at all (under mu_)
+  std::atomic<bool> thread_watches_{true};  // the thread has the worker's fd in its epoll set
   bool wake_ = false;
   hmc_net::RequestTable requests_;
   uint32_t next_conn_ = 1;

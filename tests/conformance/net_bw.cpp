@@ -317,8 +317,9 @@ void print_latency(const std::string& what, std::vector<double>& half_rtt_us) {
   double sum = 0;
   for (double v : half_rtt_us) sum += v;
   std::sort(half_rtt_us.begin(), half_rtt_us.end());
-  std::printf("%-34s half RTT mean %7.2f us   median %7.2f us\n", what.c_str(),
-              sum / static_cast<double>(half_rtt_us.size()), half_rtt_us[half_rtt_us.size() / 2]);
+  auto at = [&](double q) { return half_rtt_us[static_cast<std::size_t>(q * (half_rtt_us.size() - 1))]; };
+  std::printf("%-34s half RTT mean %7.2f us   median %7.2f us   p90 %7.2f   p99 %7.2f   p99.9 %7.2f\n",
+              what.c_str(), sum / static_cast<double>(half_rtt_us.size()), at(0.5), at(0.9), at(0.99), at(0.999));
 }
 
 constexpr int kWarmRounds = 1000;
