@@ -159,8 +159,9 @@ TEST_CASE("ucx: deregistering a region waits for a put landing in it", "[ucx][pu
 // message arriving in the next millisecond waits for the waiter's own 1 ms timeout.
 // After each busy phase (2000 ping-pongs) rank 1 sends 400 or 700 us late, when rank 0
 // sleeps. Measured on two cores: 23-101 us from send to return in every round; without the
-// hand-over 5 of 15 rounds took 185-645 us. The third-slowest round must stay under
-// 200 us (two scheduling outliers allowed); this case runs alone (tests/ucx/CMakeLists.txt).
+// hand-over 4 to 8 rounds in 15 took 185-900 us. At most 4 of 25 rounds may take 250 us or
+// more (scheduling outliers: a concurrent multi-process test made 3 in 15); this case runs
+// alone (tests/ucx/CMakeLists.txt).
 TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the message comes", "[ucx][timing]") {
   if (!have_ucx()) {
     WARN("ucx provider unavailable here: skipped");
@@ -176,7 +177,7 @@ TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the mess
         auto exits = test::run_ranks(2, s, [&](RankEnv& e) {
           const int peer = 1 - e.rank;
           std::vector<int64_t> took;
-          for (int round = 0; round < 15; ++round) {
+          for (int round = 0; round < 25; ++round) {
             uint64_t v = 0;
             for (int i = 0; i < 2000; ++i) {
               if (e.rank == 0) HMC_EXPECT_OK(e.comm.send(&v, 8, peer, 5));
@@ -197,7 +198,8 @@ TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the mess
           std::sort(took.begin(), took.end());
           std::string all;
           for (int64_t t : took) all += " " + std::to_string(t);
-          HMC_EXPECT(took[took.size() - 3] < 200, "rank 0 returned this many us after rank 1 sent:" + all);
+          const auto slow = std::count_if(took.begin(), took.end(), [](int64_t t) { return t >= 250; });
+          HMC_EXPECT(slow <= 4, "rank 0 returned this many us after rank 1 sent:" + all);
           return 0;
         });
         INFO(test::describe(exits));
