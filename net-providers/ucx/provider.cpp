@@ -154,7 +154,7 @@ int Provider::progress() {
 // last progress() less than kLinger ago) the thread leaves the worker alone:
 // it does not arm it and takes the worker's fd out of its epoll set, so a
 // message costs neither the sender a signal nor this side a thread wake-up
-// (on two cores that doubled an 8 B round trip); it looks again every kLinger,
+// (on two cores that doubled an 8 B round trip); it looks again from time to time,
 // still serving the lifeline sockets, and once the host stopped polling it
 // arms the worker and sleeps until something arrives. Its looks while the host
 // polls come kLinger apart at first, twice as far each time up to kLookMax: every
