@@ -40,6 +40,9 @@ constexpr hmc_param_t kParams[] = {
      "device memory per emulated device (address space reserved, pages used only when written)"},
     {"HMC_EMU_STREAM_DELAY_US", "int", "0",
      "microseconds each stream operation waits before it runs, to expose work that runs too early"},
+    {"HMC_EMU_STREAM_WAKE", "int", "1",
+     "1: a stream operation that ends wakes the host; 0: it wakes nobody, as with CUDA, so the "
+     "host must poll its events"},
     {"HMC_EMU_FAIL_STREAM_OP", "int", "0",
      "the n-th stream operation of this process (counted from 1 over all streams) fails, to test "
      "error paths; 0: none"},
@@ -145,15 +148,17 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   s->host = *host;
   s->cpu.wide = hmc::cpu::wide_kernels_supported();
   long devices = 2;
-  long delay = 0, fail_op = 0;
+  long delay = 0, fail_op = 0, stream_wake = 1;
   s->memory = uint64_t{4} << 30;
   int rc = HMC_PROV_ERR_INVALID;
   if (read_int(*host, "HMC_EMU_DEVICES", 1, 64, &devices, reason, reason_len) &&
       read_size(*host, "HMC_EMU_MEMORY", &s->memory, reason, reason_len) &&
       read_int(*host, "HMC_EMU_STREAM_DELAY_US", 0, 10000000, &delay, reason, reason_len) &&
+      read_int(*host, "HMC_EMU_STREAM_WAKE", 0, 1, &stream_wake, reason, reason_len) &&
       read_int(*host, "HMC_EMU_FAIL_STREAM_OP", 0, 1L << 40, &fail_op, reason, reason_len)) {
     s->devices = static_cast<int>(devices);
     s->delay_us = static_cast<uint32_t>(delay);
+    s->stream_wake = stream_wake != 0;
     s->fail_op = static_cast<uint64_t>(fail_op);
     char path[512];
     if (read_param(*host, "HMC_EMU_REGISTER_LOG", path, sizeof(path), reason, reason_len)) {

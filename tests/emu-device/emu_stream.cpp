@@ -142,7 +142,7 @@ void Stream::worker() {
       std::lock_guard lock(mu_);
       busy_ = false;
     }
-    wake(s_);
+    if (s_->stream_wake) wake(s_);
   }
 }
 
