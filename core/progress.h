@@ -14,6 +14,10 @@
 // (net-providers/common/msg_ring.h), so a message that lands just as the waiter goes to
 // sleep is seen after at most kQuietTime.
 //
+// Device work in flight (a stream copy or a delegated collective whose event has not
+// passed) counts as a productive poll: its end wakes nobody (CUDA calls no host->wake), so
+// a waiter keeps polling its event, as cudaStreamSynchronize would, rather than sleep.
+//
 // A waiter yields the CPU (sched_yield) after every unproductive poll, except while a
 // collective over shared segments is pending (collectives/shm_coll.h: its peers write
 // straight into shared memory, no io thread involved): then after every yield_every-th
