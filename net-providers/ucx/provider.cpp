@@ -139,12 +139,14 @@ int Provider::progress() {
   if (polling) host_polled_.store(now.count(), std::memory_order_relaxed);
   bool moved = drive(false);
   unlock_and_wake(lock);
-  if (!polling && !thread_watches_.load(std::memory_order_relaxed)) {
-    uint64_t one = 1;
-    ssize_t ignored = write(event_fd_, &one, sizeof(one));
-    (void)ignored;
-  }
+  if (!polling && !thread_watches_.load(std::memory_order_relaxed)) kick_thread();
   return moved ? 1 : HMC_PROV_OK;
+}
+
+void Provider::kick_thread() {
+  uint64_t one = 1;
+  ssize_t ignored = write(event_fd_, &one, sizeof(one));
+  (void)ignored;
 }
 
 // The thread: sleep until the worker or a socket has something, then work
@@ -166,13 +168,13 @@ void Provider::run() {
   constexpr int kArmTries = 64;
   std::vector<epoll_event> events(32);
   std::vector<std::pair<uint64_t, uint32_t>> ready;
-  bool watching_ucx = true;  // start() put the worker's fd in the set
   const timespec linger{0, std::chrono::nanoseconds(kLinger).count()};
   auto look = kLinger;
   for (;;) {
     // The host still polls and no socket spoke: nothing to do, and no reason to take mu_
     // from the host's calls.
     const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
+    const bool watching_ucx = thread_watches_.load(std::memory_order_relaxed);
     if (ready.empty() && !watching_ucx && Clock::now().time_since_epoch() - polled < kLinger) {
       const timespec wait{0, std::chrono::nanoseconds(look).count()};
       look = std::min(look * 2, kLookMax);
@@ -217,8 +219,7 @@ void Provider::run() {
     if (host_polls == watching_ucx) {
       if (host_polls) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
-      watching_ucx = !host_polls;
-      thread_watches_.store(watching_ucx, std::memory_order_relaxed);
+      thread_watches_.store(!host_polls, std::memory_order_relaxed);
     }
     if (!host_polls) look = kLinger;
     const timespec wait = armed ? timespec{1, 0} : linger;
@@ -413,9 +414,7 @@ Provider::~Provider() {
       std::lock_guard lock(mu_);
       stop_ = true;
     }
-    uint64_t one = 1;
-    ssize_t ignored = write(event_fd_, &one, sizeof(one));
-    (void)ignored;
+    kick_thread();
     thread_.join();
   }
   std::unique_lock lock(mu_);

@@ -293,6 +293,7 @@ class Provider {
   // again soon) one productive pass; true if anything moved.
   bool drive(bool until_idle = true);
   void wake_later() { wake_ = true; }
+  void kick_thread();  // wakes the thread through event_fd_: it looks at once
   void unlock_and_wake(std::unique_lock<std::mutex>& lock);
 
   // conn.cpp: messages.
@@ -347,7 +348,9 @@ class Provider {
   bool stop_ = false;
   std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran as part of a poll loop
   Clock::duration last_progress_{};  // when progress() last ran at all (under mu_)
-  std::atomic<bool> thread_watches_{true};  // the thread has the worker's fd in its epoll set
+  // The thread has the worker's fd in its epoll set (start() puts it there); only the
+  // thread changes it, progress() reads it.
+  std::atomic<bool> thread_watches_{true};
   bool wake_ = false;
   hmc_net::RequestTable requests_;
   uint32_t next_conn_ = 1;
