@@ -79,7 +79,7 @@ Status CommImpl::setup(const UniqueId& id) {
     }
     addr.resize(len);
     listeners_.emplace_back(n.get(), listener);
-    mine.nets.push_back({n->name, n->net->caps, addr, n->net_props.latency_us, n->net_props.bandwidth_gbps});
+    mine.nets.push_back({n->name, n->net_caps, addr, n->net_props.latency_us, n->net_props.bandwidth_gbps});
     eager_limit_ = std::min(eager_limit_, n->net_props.max_msg_size - sizeof(WireHeader));
   }
   auto blobs = bootstrap_->allgather(encode_card(mine), deadline);

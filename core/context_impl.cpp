@@ -62,7 +62,7 @@ int alloc_kind_code(AllocKind kind) {
 // both pair classes. Paths are negotiated later, per communicator; without one of these
 // the winner is not known here, and host memory stays the cpu provider's.
 LoadedProvider* pick_net_allocator(const PluginRegistry& reg, const Config& config) {
-  auto offers = [](LoadedProvider* n) { return n && (n->net->caps & HMC_NET_CAP_MEM_ALLOC) ? n : nullptr; };
+  auto offers = [](LoadedProvider* n) { return n && (n->net_caps & HMC_NET_CAP_MEM_ALLOC) ? n : nullptr; };
   if (reg.nets().size() == 1) return offers(reg.nets()[0].get());
   auto policy = PathPolicy::parse(config.str("HMC_PATH"));
   if (!policy) return nullptr;  // the communicator reports the malformed setting

@@ -595,7 +595,7 @@ Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
   for (auto& p : peers_)
     if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);
   for (LoadedProvider* n : used) {
-    if (device && !(n->net->caps & (HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)))
+    if (device && !(n->net_caps & (HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)))
       return Status(ErrorCode::kUnsupported, "one-sided puts into device memory need a net provider that touches it; " +
                                                  n->name + " reaches only host memory (send/recv stage device memory)");
     HMC_RETURN_IF_ERROR(reg->add(n, device ? HMC_MEM_DEVICE : HMC_MEM_HOST));

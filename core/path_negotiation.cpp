@@ -42,6 +42,9 @@ Result<PathInfo> negotiate_path(const Card& me, const Card& peer, const PathPoli
   }
   const bool same_host = me.host_id == peer.host_id;
   const std::string pair_class = same_host ? "same_host" : "remote";
+  // Two "hosts" may share a hostname (namespaces or containers told apart by HMC_HOST_ID).
+  const std::string peer_host =
+      peer.hostname + (!same_host && peer.hostname == me.hostname ? " (host id " + peer.host_id + ")" : "");
   for (const auto& mine : me.nets) {
     PathCandidate c{mine.name, false, "", mine.latency_us, mine.bandwidth_gbps, 0};
     const NetCard* theirs = peer.net(mine.name);
@@ -53,11 +56,11 @@ Result<PathInfo> negotiate_path(const Card& me, const Card& peer, const PathPoli
       uint64_t caps = mine.caps & theirs->caps;
       if (!(caps & HMC_NET_CAP_MEM_HOST)) c.reason = "cannot touch host memory";
       else if (same_host && !(caps & HMC_NET_CAP_SAME_HOST)) c.reason = "does not reach processes of the same host";
-      else if (!same_host && !(caps & HMC_NET_CAP_REMOTE)) c.reason = "same-host only, peer on host " + peer.hostname;
+      else if (!same_host && !(caps & HMC_NET_CAP_REMOTE)) c.reason = "same-host only, peer on host " + peer_host;
       else if (!(caps & HMC_NET_CAP_PUT)) c.reason = "no one-sided put (needed for rendezvous)";
       else {
         c.usable = true;
-        c.reason = same_host ? "both sides on one host" : "reaches host " + peer.hostname;
+        c.reason = same_host ? "both sides on one host" : "reaches host " + peer_host;
       }
     }
     c.cost_us_1mib = path_cost_us(c.latency_us, c.bandwidth_gbps, 1 << 20);

@@ -306,6 +306,10 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
   } else {
     p->net_props.struct_size = sizeof(hmc_net_props_t);
     if (p->net->props(p->state, &p->net_props) != 0) return refuse("unavailable: props query failed");
+    p->net_caps = p->net->caps & ~p->net_props.caps_absent;
+    if (!(p->net_caps & HMC_NET_CAP_MSG)) return refuse("unavailable: withdrew its messages (props caps_absent)");
+    info.caps = p->net_caps;
+    info.cap_names = net_cap_names(p->net_caps);
     info.available = true;
     report_.push_back(info);
     nets_.push_back(std::move(p));

@@ -32,6 +32,7 @@ struct LoadedProvider {
   const hmc_net_provider_t* net = nullptr;
   const hmc_ccl_provider_t* ccl = nullptr;
   hmc_net_props_t net_props{};
+  uint64_t net_caps = 0;  // the table's caps less what props withdrew (caps_absent)
   hmc_host_services_t services{};
   std::string log_name;  // "prov.<name>"
   Config* config = nullptr;

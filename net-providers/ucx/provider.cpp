@@ -63,6 +63,7 @@ void Provider::props(hmc_net_props_t& p) const {
   p.max_msg_size = kMaxMessage;
   if (p.struct_size >= offsetof(hmc_net_props_t, eager_limit_same_host) + sizeof(size_t))
     p.eager_limit_same_host = eager_limit_same_host_;
+  if (p.struct_size >= offsetof(hmc_net_props_t, caps_absent) + sizeof(uint64_t)) p.caps_absent = caps_absent_;
 }
 
 void Provider::watch(int fd, uint64_t t, uint32_t events) {
@@ -344,6 +345,10 @@ int Provider::start(std::string& why) {
   if (!peer_errors_ && (names.contains("posix") || names.contains("sysv"))) eager_limit_same_host_ = kShmEagerLimit;
   // Cost-model inputs for the class of transport that serves the slowest peers
   // (docs/ucx.md has the measurements behind them).
+  // Shared memory alone reaches no other host: path negotiation must not pick ucx for a
+  // peer elsewhere (the endpoint would find no transport, and the job would fail where
+  // tcp would have carried it).
+  if (!has_tcp && !has_rdma) caps_absent_ = HMC_NET_CAP_REMOTE;
   if (has_rdma) {
     latency_us_ = 3, bandwidth_gbps_ = 12;
   } else if (has_tcp) {

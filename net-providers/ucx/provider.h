@@ -341,6 +341,7 @@ class Provider {
   bool rdma_ = false;      // UCX has a verbs transport (rc, ud, dc)
   double latency_us_ = 0, bandwidth_gbps_ = 0;
   size_t eager_limit_same_host_ = 0;  // props advice; 0 = none
+  uint64_t caps_absent_ = 0;          // props: table caps this configuration lacks
   std::string bind_addr_;
   uint16_t port_ = 0;
   int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;

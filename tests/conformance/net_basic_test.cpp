@@ -100,6 +100,10 @@ TEST_CASE("net: init refuses malformed parameters and props are sane", "[net][in
     // Advice, where given, names a message size the provider carries.
     CHECK(props.eager_limit_same_host <= props.max_msg_size);
     CHECK(props.eager_limit_remote <= props.max_msg_size);
+    // Withdrawn capabilities are the table's own, and never its messages.
+    CHECK((props.caps_absent & ~s.p->caps) == 0);
+    CHECK_FALSE(props.caps_absent & HMC_NET_CAP_MSG);
+    CHECK((s.p->caps & ~props.caps_absent & (HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST)) != 0);
 
     // A host built before fields were appended passes the v1 struct: the provider answers
     // and writes nothing past it.

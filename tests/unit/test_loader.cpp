@@ -1,8 +1,10 @@
 // The loader: discovery, selection, and a clear reason for every refusal.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 
 #include "hmc/context.h"
+#include "hmc/provider/net.h"
 
 using namespace hmc;
 
@@ -26,7 +28,8 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  Want{"fakename", "table names 'somethingelse'"},
                  Want{"fakecaps", "capability put set but its functions are NULL"},
                  Want{"fakenoentry", "no entry symbol hmc_net_provider_v1"},
-                 Want{"fakegarbage", "unavailable: cannot load"}}) {
+                 Want{"fakegarbage", "unavailable: cannot load"},
+                 Want{"fakenomsg", "unavailable: withdrew its messages"}}) {
     INFO(w.name);
     const ProviderInfo* p = find(ps, w.name);
     REQUIRE(p != nullptr);
@@ -37,6 +40,20 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
   const ProviderInfo* cpu = find(ps, "cpu");
   REQUIRE(cpu != nullptr);
   CHECK(cpu->available);
+}
+
+TEST_CASE("a net provider's withdrawn capabilities are gone from what the host reports", "[loader]") {
+  // fakelocal's table says remote and same_host; its props withdraw remote (as ucx does
+  // under UCX_TLS=shm), so peers on other hosts never negotiate it.
+  auto ctx = Context::create({{{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR}, {"HMC_PROVIDERS", "cpu,fakelocal"}}});
+  REQUIRE(ctx.ok());
+  const ProviderInfo* p = find(ctx->providers(), "fakelocal");
+  REQUIRE(p != nullptr);
+  REQUIRE(p->available);
+  CHECK_FALSE(p->caps & HMC_NET_CAP_REMOTE);
+  CHECK(p->caps & HMC_NET_CAP_SAME_HOST);
+  CHECK(std::find(p->cap_names.begin(), p->cap_names.end(), "remote") == p->cap_names.end());
+  CHECK(std::find(p->cap_names.begin(), p->cap_names.end(), "same_host") != p->cap_names.end());
 }
 
 TEST_CASE("HMC_PROVIDERS selects and excludes", "[loader]") {

@@ -45,6 +45,28 @@ TEST_CASE("same host prefers shm, other hosts get tcp with reasons", "[path]") {
   CHECK(self->provider == "self");
 }
 
+TEST_CASE("a provider that reaches only this host loses remote pairs, named by host id", "[path]") {
+  // Two namespaces of one machine: one hostname, two host ids. ucx with shared memory only
+  // (UCX_TLS=shm) withdraws remote; its low cost must not win the pair.
+  Card a = card(0, "ns-a"), b = card(1, "ns-b");
+  a.hostname = b.hostname = "box";
+  for (Card* c : {&a, &b}) c->nets.push_back({"ucx", kShmCaps, {}, 1, 50});
+  auto ab = negotiate_path(a, b, policy(""));
+  REQUIRE(ab.ok());
+  CHECK(ab->provider == "tcp");
+  CHECK_THAT(ab->reason, Catch::Contains("reaches host box (host id ns-b)"));
+  for (const auto& c : ab->candidates)
+    if (c.provider == "ucx") CHECK_THAT(c.reason, Catch::Contains("same-host only, peer on host box (host id ns-b)"));
+  // One side's ucx reaches other hosts, the other's does not: the pair cannot use it.
+  a.nets.back().caps |= HMC_NET_CAP_REMOTE;
+  auto forced = negotiate_path(a, b, policy("ucx"));
+  REQUIRE_FALSE(forced.ok());
+  CHECK_THAT(forced.status().message(), Catch::Contains("same-host only"));
+  // On one host the same provider wins on cost.
+  b.host_id = "ns-a";
+  CHECK(negotiate_path(a, b, policy(""))->provider == "ucx");
+}
+
 TEST_CASE("the model is symmetric: both sides choose the same path", "[path]") {
   Card a = card(0, "h"), b = card(1, "h");
   b.nets[1].bandwidth_gbps = 1;  // b's shm is slow: both must see the slow figure

@@ -65,6 +65,12 @@ typedef struct hmc_net_props {
    * limit, whatever the advice. */
   size_t eager_limit_same_host;
   size_t eager_limit_remote;
+  /* Appended to ABI v1. Capability bits of the table's `caps` that this
+   * instance lacks as configured; the host clears them before it tells peers
+   * what the provider can do. ucx under UCX_TLS=shm withdraws
+   * HMC_NET_CAP_REMOTE: its transports reach no other host. A provider that
+   * withdraws HMC_NET_CAP_MSG is unavailable. */
+  uint64_t caps_absent;
 } hmc_net_props_t;
 
 /* The size of hmc_net_props_t before anything was appended to it. */

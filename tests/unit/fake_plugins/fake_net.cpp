@@ -1,5 +1,6 @@
 // Deliberately broken or unavailable net providers, one per FAKE_KIND, to check that the
-// loader refuses each with the right reason. Never used outside tests.
+// loader refuses each with the right reason, and two that withdraw capabilities after init
+// (5: its messages, so it is refused; 6: its reach to other hosts). Never used outside tests.
 #include <cstdio>
 #include <cstring>
 
@@ -10,6 +11,24 @@ namespace {
 int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t len) {
   std::snprintf(reason, len, "libfakevendor.so.1 not found");
   return HMC_PROV_ERR_UNAVAILABLE;
+}
+
+int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
+  *state = nullptr;
+  return HMC_PROV_OK;
+}
+
+// Kinds 5 and 6 load, then withdraw capabilities in props (caps_absent).
+int props_withdrawing(void*, hmc_net_props_t* p) {
+  p->latency_us = 1;
+  p->bandwidth_gbps = 1;
+  p->max_msg_size = 1 << 20;
+#if FAKE_KIND == 5
+  p->caps_absent = HMC_NET_CAP_MSG;
+#else
+  p->caps_absent = HMC_NET_CAP_REMOTE;
+#endif
+  return 0;
 }
 
 hmc_net_provider_t make_table() {
@@ -25,10 +44,16 @@ hmc_net_provider_t make_table() {
   t.name = "somethingelse";
 #elif FAKE_KIND == 3  // capability bit without functions
   t.caps |= HMC_NET_CAP_PUT;
+#elif FAKE_KIND >= 5  // 5: withdraws its messages; 6: withdraws its reach to other hosts
+  t.caps |= HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
 #endif
   // Fill the mandatory pointers with anything callable for kinds 0 and 1..3 tables checks.
   t.fini = [](void*) {};
   t.props = [](void*, hmc_net_props_t*) { return 0; };
+#if FAKE_KIND >= 5
+  t.init = init_ok;
+  t.props = props_withdrawing;
+#endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
   t.close_listener = [](void*, void*) { return 0; };
   t.connect = [](void*, const void*, size_t, const void*, size_t, void**) { return -1; };
