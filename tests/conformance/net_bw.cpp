@@ -2,7 +2,7 @@
 // on this host, side by side with what the host itself can do.
 //
 //   hmc-conformance-net-bw PLUGIN [SIZE_MIB (64)] [ITERS (20)] [shared|alloc]
-//   hmc-conformance-net-bw PLUGIN latency [ROUNDS (20000)] [BYTES (8)]
+//   hmc-conformance-net-bw PLUGIN latency [ROUNDS (20000)] [BYTES (8)] [spin]
 //
 // Bandwidth: a forked target process registers a SIZE region and receives
 // messages; this process puts SIZE bytes ITERS times (each put waited for: for
@@ -19,7 +19,9 @@
 // Latency: ping-pong of BYTES-byte messages with a forked target; each side
 // posts its next receive before it sends, and waits as libhmc's Request::wait
 // does (200 polls with a yield in between, then sleep until the plugin's
-// wake). Prints half the round trip (mean and median, us), next to the same
+// wake; with `spin`, polled back to back with no yield, as ucx_perftest polls, which
+// shows what the provider itself costs). Prints half the round trip (mean, median and
+// percentiles, us), next to the same
 // ping-pong over a plain Unix socket pair and TCP loopback (blocking calls).
 // Not a test: it prints.
 #include <netinet/in.h>
@@ -69,6 +71,8 @@ int recv_wait(Session& s, void* conn, void* buf, size_t cap) {
 }
 
 constexpr int kHostSpins = 200;  // libhmc's Request::wait polls this often before sleeping
+// How the latency ping-pong waits: as libhmc does, or busy (`spin`, Session::kBusyPoll).
+int host_spins = kHostSpins;
 
 // The target's end of a run: listens, hands its address to the parent, accepts.
 struct TargetEnd {
@@ -301,15 +305,15 @@ void lat_target(TargetEnd& t, int rounds, size_t bytes) {
   void* r = nullptr;
   must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &r) == 0, "recv");
   for (int i = 0; i < rounds; ++i) {
-    must(s.wait(r, std::chrono::seconds(60), kHostSpins).rc == 0, "recv ping");
+    must(s.wait(r, std::chrono::seconds(60), host_spins).rc == 0, "recv ping");
     if (i + 1 < rounds) must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &r) == 0, "recv");
     void* sr = nullptr;
     must(s.p->send_msg(s.state, t.conn, out.data(), bytes, &sr) == 0, "send pong");
-    must(s.wait(sr, std::chrono::seconds(60), kHostSpins).rc == 0, "send pong");
+    must(s.wait(sr, std::chrono::seconds(60), host_spins).rc == 0, "send pong");
   }
   std::vector<void*> reqs(rounds);
   for (auto& q : reqs) must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &q) == 0, "recv");
-  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), kHostSpins).rc == 0, "recv");
+  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), host_spins).rc == 0, "recv");
   must(send_wait(s, t.conn, "got", 4) == 0, "send got");
 }
 
@@ -338,8 +342,8 @@ void provider_latency(const std::string& plugin, int rounds, size_t bytes) {
     must(s.p->recv_msg(s.state, conn, in.data(), in.size(), &rr) == 0, "recv");
     const auto t0 = Clock::now();
     must(s.p->send_msg(s.state, conn, out.data(), bytes, &sr) == 0, "send ping");
-    must(s.wait(sr, std::chrono::seconds(60), kHostSpins).rc == 0, "send ping");
-    Outcome o = s.wait(rr, std::chrono::seconds(60), kHostSpins);
+    must(s.wait(sr, std::chrono::seconds(60), host_spins).rc == 0, "send ping");
+    Outcome o = s.wait(rr, std::chrono::seconds(60), host_spins);
     must(o.rc == 0 && o.bytes == bytes, "recv pong: " + o.message);
     if (i >= kWarmRounds)
       half.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
@@ -348,7 +352,7 @@ void provider_latency(const std::string& plugin, int rounds, size_t bytes) {
   std::vector<void*> reqs(total);
   const auto t0 = Clock::now();
   for (auto& q : reqs) must(s.p->send_msg(s.state, conn, out.data(), bytes, &q) == 0, "send");
-  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), kHostSpins).rc == 0, "send");
+  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), host_spins).rc == 0, "send");
   char got[4];
   must(recv_wait(s, conn, got, sizeof(got)) == 0, "recv got");
   const double rate = total / std::chrono::duration<double>(Clock::now() - t0).count();
@@ -423,15 +427,19 @@ void tcp_latency(int rounds, size_t bytes) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     die("usage: hmc-conformance-net-bw PLUGIN [SIZE_MIB] [ITERS] [shared|alloc]\n"
-        "       hmc-conformance-net-bw PLUGIN latency [ROUNDS] [BYTES]");
+        "       hmc-conformance-net-bw PLUGIN latency [ROUNDS] [BYTES] [spin]");
   }
   const std::string plugin = argv[1];
   if (argc > 2 && std::strcmp(argv[2], "latency") == 0) {
     const int rounds = argc > 3 ? std::atoi(argv[3]) : 20000;
     const size_t bytes = argc > 4 ? std::strtoull(argv[4], nullptr, 0) : 8;
     must(rounds > 0 && bytes > 0, "rounds and bytes must be positive");
-    std::printf("ping-pong of %zu-byte messages, %d rounds after %d warm-up rounds\n", bytes,
-                rounds, kWarmRounds);
+    if (argc > 5) {
+      must(std::strcmp(argv[5], "spin") == 0, std::string("unknown wait '") + argv[5] + "' (spin)");
+      host_spins = Session::kBusyPoll;
+    }
+    std::printf("ping-pong of %zu-byte messages, %d rounds after %d warm-up rounds, %s\n", bytes,
+                rounds, kWarmRounds, host_spins == Session::kBusyPoll ? "polled back to back" : "waited as libhmc waits");
     provider_latency(plugin, rounds, bytes);
     unix_latency(rounds, bytes);
     tcp_latency(rounds, bytes);

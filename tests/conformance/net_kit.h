@@ -73,7 +73,9 @@ class Session {
 
   // Polls a request until done, failed or the deadline; the host's wake cuts waits short.
   // With `spins` > 0 it first polls that many times with a yield in between, as
-  // libhmc's Request::wait does, before it sleeps until a wake.
+  // libhmc's Request::wait does, before it sleeps until a wake; with kBusyPoll it polls
+  // back to back, never yielding or sleeping (as ucx_perftest does).
+  static constexpr int kBusyPoll = -1;
   Outcome wait(void* req, std::chrono::milliseconds limit = timeout(), int spins = 0);
   // Accepts one connection within the deadline; nullptr on timeout.
   void* accept(void* listener, std::vector<char>* hello);

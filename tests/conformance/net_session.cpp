@@ -174,6 +174,7 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
       return out;
     }
     p->progress(state);
+    if (spins == kBusyPoll) continue;
     if (round < spins) {
       std::this_thread::yield();
       continue;
