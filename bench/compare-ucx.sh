@@ -7,7 +7,8 @@
 #   HMC     hmc-probe --local 2 -b SIZE, forced onto ucx (HMC_PROVIDERS=cpu,ucx,
 #           HMC_PATH=ucx): one-way bandwidth of SIZE-byte send/recv messages
 #           (4 in flight, as hmc-probe measures; eager up to the eager limit the
-#           pair uses, printed, then rendezvous) and half the round trip of 8 B;
+#           pair uses, printed, then rendezvous) and half the round trip of 8 B,
+#           waited for with Request::wait and (--lat-poll) polled with Request::test;
 #           and with --put the bandwidth of one-sided puts (Communicator::put,
 #           4 in flight, into the peer's registered buffer): what ucp_put_bw does;
 #   UCX     ucx_perftest, server and client on 127.0.0.1, its own ucp_mem_map'd
@@ -86,14 +87,14 @@ perftest() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s %5s | %9s %9s | %9s %9s %9s | %9s %9s | %7s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" "HMC put" \
-  "put_bw" "s/r:put" "put:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio am_lat
+printf "%-5s %6s %5s | %9s %9s | %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" "HMC put" \
+  "put_bw" "s/r:put" "put:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio polled ratio am_lat
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$(messages "$size")
-    for f in hb hp hl ub ul tb al; do : > "$scratch/$f"; done
+    for f in hb hp hl hq ub ul tb al; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat eager < <(hmc "$size" "$tls")
@@ -104,16 +105,19 @@ for tls in $tls_list; do
       perftest "$tls" ucp_put_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
       perftest "$tls" tag_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
       if [ "$size" = "${sizes%% *}" ]; then
+        read -r _ lat _ < <(hmc "$size" "$tls" --lat-poll)
+        echo "$lat" >> "$scratch/hq"
         perftest "$tls" tag_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/ul"
         perftest "$tls" ucp_am_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/al"
       fi
     done
     hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/ul" ]; then
-      hl=$(median < "$scratch/hl"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
-      lat_cols=$(awk -v h="$hl" -v u="$ul" -v a="$al" 'BEGIN { printf "%7.2f %7.2f %5.1fx %7.2f", h, u, h / u, a }')
+      hl=$(median < "$scratch/hl"); hq=$(median < "$scratch/hq"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
+      lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" \
+        'BEGIN { printf "%7.2f %7.2f %5.1fx %6.2f %6.1fx %7.2f", h, u, h / u, q, q / u, a }')
     else
-      lat_cols=$(printf "%7s %7s %6s %7s" "" "" "" "")
+      lat_cols=$(printf "%7s %7s %6s %6s %7s %7s" "" "" "" "" "" "")
     fi
     printf "%-5s %6s %5s | %9.3f %9.3f | %9.3f %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" "$hp" "$ub" \
       "$(ratio "$hb" "$ub")" "$(ratio "$hp" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$lat_cols"
@@ -122,3 +126,5 @@ done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous put);"
 echo "HMC put: the same with --put (Communicator::put stream); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw,"
 echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."
+echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
+echo "back to back, as ucx_perftest polls); ratios against tag_lat."

@@ -13,6 +13,7 @@
 #      --put with device buffers is refused.
 #   6. --memory malloc: heap buffers still give a shm row with a bandwidth; an unknown
 #      kind is refused.
+#   7. --lat-poll over ucx: the matrix says its latency was polled, and gives one.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -59,4 +60,7 @@ check "--memory malloc: a shm row with a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +shm 
 if timeout 60 "$probe" --local 2 --memory nope > "$scratch/heap-bad" 2>&1; then
   echo "FAILED: --memory nope was accepted"; cat "$scratch/heap-bad"; fail=1
 fi
+UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/poll" "$probe" --local 2 --timeout 60 -b 64K -n 20 --lat-poll
+check "--lat-poll: the matrix says the latency was polled" 'half a round trip of 8 B, polled' "$scratch/poll"
+check "--lat-poll: 0->1 over ucx with a latency" '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' +32K ' "$scratch/poll"
 exit $fail

@@ -5,6 +5,7 @@
 //   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
 //   --device cuda / cuda@0     ... with buffers on GPUs (GPU<->GPU), or rank 0 only (GPU<->CPU)
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
+//   --lat-poll                 ... latency with Request::test polled back to back
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
 #include <cstdio>
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)");
   app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
   app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")->check(CLI::PositiveNumber);
+  app.add_flag("--lat-poll", opt.lat_poll,
+               "latency with Request::test polled back to back (as ucx_perftest polls) instead of Request::wait, "
+               "which yields the CPU between polls");
   app.add_option("--timeout", timeout_s, "seconds before the local ranks are killed");
   app.add_option("-g,--device", opt.device,
                  "--local buffers on provider[:index][@ranks]: cuda = every rank on a GPU, cuda@0 = rank 0 on a GPU "
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
                                      "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
     if (json) args.push_back("--json");
     if (opt.put) args.push_back("--put");
+    if (opt.lat_poll) args.push_back("--lat-poll");
     args.insert(args.end(), {"-m", opt.memory});
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 
+#include "core/config.h"
 #include "device_spec.h"
 #include "hmc/collectives.h"
 #include "probe.h"
@@ -85,17 +86,39 @@ Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf
   return gbps;
 }
 
-Result<double> latency(Communicator& c, int peer, bool first, int iters) {
-  uint64_t v = 0;
+// HMC_TIMEOUT as the context read it: the deadline of a polled round trip.
+Clock::duration hmc_timeout(const Context& ctx) {
+  for (const auto& e : ctx.config())
+    if (e.name == "HMC_TIMEOUT")
+      if (auto d = core::parse_duration(e.value)) return *d;
+  return std::chrono::seconds(60);
+}
+
+// Polls `r` with Request::test back to back, as ucx_perftest polls: no yield, no sleep.
+// The clock is read every 1024 polls, against HMC_TIMEOUT's deadline.
+Status poll(Request r, Clock::time_point deadline) {
+  for (unsigned n = 1; !r.test(); ++n)
+    if (n % 1024 == 0 && Clock::now() > deadline)
+      return {ErrorCode::kTimeout, "--lat-poll: no answer before HMC_TIMEOUT"};
+  return r.status();
+}
+
+// Ping-pong of 8 bytes; each side posts its receive before it sends.
+Result<double> latency(Communicator& c, int peer, bool first, int iters, bool polled, Clock::duration limit) {
+  uint64_t in = 0, out = 0;
   auto t0 = Clock::now();
+  const auto deadline = t0 + limit;
   for (int i = 0; i < iters + 10; ++i) {
     if (i == 10) t0 = Clock::now();
     if (first) {
-      HMC_RETURN_IF_ERROR(c.send(&v, 8, peer, kAckTag));
-      HMC_RETURN_IF_ERROR(c.recv(&v, 8, peer, kAckTag));
+      Request r = c.irecv(&in, 8, peer, kAckTag);
+      Request s = c.isend(&out, 8, peer, kAckTag);
+      HMC_RETURN_IF_ERROR(polled ? poll(s, deadline) : s.wait());
+      HMC_RETURN_IF_ERROR(polled ? poll(r, deadline) : r.wait());
     } else {
-      HMC_RETURN_IF_ERROR(c.recv(&v, 8, peer, kAckTag));
-      HMC_RETURN_IF_ERROR(c.send(&v, 8, peer, kAckTag));
+      Request r = c.irecv(&in, 8, peer, kAckTag);
+      HMC_RETURN_IF_ERROR(polled ? poll(r, deadline) : r.wait());
+      HMC_RETURN_IF_ERROR(polled ? poll(c.isend(&out, 8, peer, kAckTag), deadline) : c.send(&out, 8, peer, kAckTag));
     }
   }
   return seconds_since(t0) / iters / 2 * 1e6;
@@ -165,7 +188,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters)
                         : bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
       if (!bw) return bw.status();
-      auto lat = latency(c, peer, c.rank() == a, opt.lat_iters);
+      auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_poll, hmc_timeout(ctx));
       if (!lat) return lat.status();
       if (c.rank() == a) {
         const auto& from = devices.value()[a], to = devices.value()[b];

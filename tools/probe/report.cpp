@@ -64,12 +64,12 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                   double tcp_ref) {
   const std::size_t bytes = opt.bytes;
-  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B)\n",
-              size, human(bytes).c_str(), opt.put ? "puts" : "messages");
+  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B%s)\n",
+              size, human(bytes).c_str(), opt.put ? "puts" : "messages", opt.lat_poll ? ", polled" : "");
   std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %-7s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
               "lat us", "eager", "why");
   for (const auto& f : figs)
-    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.1f  %-7s %s%s%s\n", f.from, f.to, f.from_device.c_str(),
+    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.2f  %-7s %s%s%s\n", f.from, f.to, f.from_device.c_str(),
                 f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, short_size(f.eager_limit).c_str(),
                 f.reason.c_str(), f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
   std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
@@ -86,6 +86,7 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
 nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                            double tcp_ref) {
   nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? "put" : "send/recv"},
+                      {"latency_wait", opt.lat_poll ? "poll" : "wait"},
                       {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
   j["pairs"] = nlohmann::json::array();
   for (const auto& f : figs)
