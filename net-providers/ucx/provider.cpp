@@ -144,6 +144,12 @@ int Provider::progress() {
   return moved ? 1 : HMC_PROV_OK;
 }
 
+void Provider::note_host_polled() {
+  const auto now = Clock::now().time_since_epoch();
+  last_progress_ = now;
+  host_polled_.store(now.count(), std::memory_order_relaxed);
+}
+
 void Provider::kick_thread() {
   uint64_t one = 1;
   ssize_t ignored = write(event_fd_, &one, sizeof(one));
@@ -172,11 +178,12 @@ void Provider::run() {
   const timespec linger{0, std::chrono::nanoseconds(kLinger).count()};
   auto look = kLinger;
   for (;;) {
-    // The host still polls and no socket spoke: nothing to do, and no reason to take mu_
-    // from the host's calls.
+    // The host still polls (or copies a put under mu_) and no socket spoke: nothing to do,
+    // and no reason to take mu_ from the host's calls.
     const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
     const bool watching_ucx = thread_watches_.load(std::memory_order_relaxed);
-    if (ready.empty() && !watching_ucx && Clock::now().time_since_epoch() - polled < kLinger) {
+    const bool host_busy = host_inside_.load(std::memory_order_relaxed) > 0;
+    if (ready.empty() && !watching_ucx && (host_busy || Clock::now().time_since_epoch() - polled < kLinger)) {
       const timespec wait{0, std::chrono::nanoseconds(look).count()};
       look = std::min(look * 2, kLookMax);
       int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);

@@ -294,6 +294,8 @@ class Provider {
   bool drive(bool until_idle = true);
   void wake_later() { wake_ = true; }
   void kick_thread();  // wakes the thread through event_fd_: it looks at once
+  // A host call that kept the host in the provider counts as a poll (with mu_ held).
+  void note_host_polled();
   void unlock_and_wake(std::unique_lock<std::mutex>& lock);
 
   // conn.cpp: messages.
@@ -348,6 +350,7 @@ class Provider {
   std::thread thread_;
   bool stop_ = false;
   std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran as part of a poll loop
+  std::atomic<int> host_inside_{0};          // host calls copying under mu_ right now (put)
   Clock::duration last_progress_{};  // when progress() last ran at all (under mu_)
   // The thread has the worker's fd in its epoll set (start() puts it there); only the
   // thread changes it, progress() reads it.

@@ -57,7 +57,14 @@ int Provider::put(void* conn, const void* src, size_t len, const void* rkey, siz
   *req = p.req;
   ++c->puts;
   if (auto k = c->keys.find(key); k != c->keys.end()) {
+    // Into mapped memory the put is a memcpy under mu_ (70 us at 4 MiB over shm here):
+    // the host is busy in here, not gone. The thread leaves mu_ alone meanwhile, and the
+    // end counts as a poll; else it took the host for one that stopped and waited on mu_
+    // for every put (a futex wake per 4 MiB put, 58 -> 66 GB/s without).
+    host_inside_.fetch_add(1, std::memory_order_relaxed);
     start_put(*c, std::move(p), k->second);  // the usual case: no copy of the key
+    host_inside_.fetch_sub(1, std::memory_order_relaxed);
+    note_host_polled();
   } else {
     const uint64_t id = p.id;
     p.key.assign(key);

@@ -105,7 +105,8 @@ Status poll(Request r, Clock::time_point deadline) {
 
 // Ping-pong of 8 bytes; each side posts its receive before it sends.
 Result<double> latency(Communicator& c, int peer, bool first, int iters, bool polled, Clock::duration limit) {
-  uint64_t in = 0, out = 0;
+  // Not on the stack: an error return may leave a receive posted into `in`.
+  static uint64_t in = 0, out = 0;
   auto t0 = Clock::now();
   const auto deadline = t0 + limit;
   for (int i = 0; i < iters + 10; ++i) {
