@@ -214,9 +214,18 @@ Status DeviceTransfers::start(LoadedProvider* by, int device, void* dst, const v
 
 bool DeviceTransfers::poll() {
   std::vector<std::pair<Done, Status>> finished;
+  // Copies end in the order they were queued on their stream (one per provider and device),
+  // and so do their callbacks: behind a copy seen running, a later one on the same stream
+  // counts as running too. Each event is queried at its own moment, so the later one may
+  // have ended by then; its callback first once let a staged send post its FIN ahead of an
+  // earlier chunk (the receive ended without that chunk's bytes).
+  std::vector<std::pair<LoadedProvider*, int>> running;
   for (auto it = pending_.begin(); it != pending_.end();) {
-    const int rc = it->by->dev->event_query(it->by->state, it->event);
+    const std::pair<LoadedProvider*, int> stream{it->by, it->device};
+    const bool behind = std::find(running.begin(), running.end(), stream) != running.end();
+    const int rc = behind ? 1 : it->by->dev->event_query(it->by->state, it->event);
     if (rc == 1) {
+      if (!behind) running.push_back(stream);
       ++it;
       continue;
     }

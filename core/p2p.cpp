@@ -314,10 +314,14 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
   };
   auto key = std::make_shared<std::vector<uint8_t>>(std::move(rkey));
   auto failed = std::make_shared<bool>(false);
+  // Chunks not yet handed on: the FIN goes behind whichever is handed on last, not behind
+  // the highest, as the receive ends on the FIN and ignores chunks that come after it.
+  auto left = std::make_shared<std::size_t>(n);
   // Runs when chunk k is ready to go (or could not get there): put it, say so.
-  auto landed = [this, &p, part_done, key, failed, src, chunk, n, receiver_id, bytes = s.bytes](std::size_t k, Status st) {
+  auto landed = [this, &p, part_done, key, failed, left, src, chunk, n, receiver_id,
+                 bytes = s.bytes](std::size_t k, Status st) {
     const std::size_t off = k * chunk, len = std::min(chunk, bytes - off);
-    const bool last = k + 1 == n;
+    const bool last = --*left == 0;
     if (st.ok() && !p.lost.ok()) st = p.lost;
     if (st.ok() && *failed) st = {ErrorCode::kAborted, "an earlier chunk of this send failed"};
     if (!st.ok()) {

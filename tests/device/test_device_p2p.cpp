@@ -79,6 +79,21 @@ TEST_CASE("device to device staged through host memory (ranks on two 'hosts')", 
   run_exchange({{"HMC_HOST_ID", "host-{rank}"}}, Side::kDevice, Side::kDevice);
 }
 
+// A staged send puts each chunk once its copy to pinned memory ends, and the receive ends
+// on the FIN: the FIN must follow every chunk, whatever order the copies are seen to end
+// in. Each event is queried at its own moment; a host preempted between two queries (the
+// emulator's query lag) saw a later chunk's copy end before an earlier one's, and the FIN
+// went out ahead of that chunk: under load the receive then ended without its bytes.
+TEST_CASE("a staged send's FIN follows every chunk however late their copies are seen", "[device][p2p]") {
+  if (device_under_test() != "emu") {
+    WARN("needs the emulator's query lag: skipped for " << device_under_test());
+    return;
+  }
+  run_exchange({{"HMC_HOST_ID", "host-{rank}"}, {"HMC_STAGE_CHUNK", "1M"}, {"HMC_EMU_STREAM_DELAY_US", "1000"},
+                {"HMC_EMU_QUERY_LAG_US", "10000"}},
+               Side::kDevice, Side::kPlainHost);
+}
+
 TEST_CASE("staged device transfers in chunks, with slow device streams", "[device][p2p][chunks]") {
   // 64 KiB chunks: 6 MiB + 5 moves in 97 chunks (the last 5 bytes long), each chunk's
   // device copy overlapping the previous chunk's put; the emulator delays every stream

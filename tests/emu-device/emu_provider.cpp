@@ -43,6 +43,9 @@ constexpr hmc_param_t kParams[] = {
     {"HMC_EMU_STREAM_WAKE", "int", "1",
      "1: a stream operation that ends wakes the host; 0: it wakes nobody, as with CUDA, so the "
      "host must poll its events"},
+    {"HMC_EMU_QUERY_LAG_US", "int", "0",
+     "microseconds an event query that finds the event not reached takes to answer, as a host "
+     "preempted between its queries: later work of the stream may end meanwhile"},
     {"HMC_EMU_FAIL_STREAM_OP", "int", "0",
      "the n-th stream operation of this process (counted from 1 over all streams) fails, to test "
      "error paths; 0: none"},
@@ -148,17 +151,19 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   s->host = *host;
   s->cpu.wide = hmc::cpu::wide_kernels_supported();
   long devices = 2;
-  long delay = 0, fail_op = 0, stream_wake = 1;
+  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0;
   s->memory = uint64_t{4} << 30;
   int rc = HMC_PROV_ERR_INVALID;
   if (read_int(*host, "HMC_EMU_DEVICES", 1, 64, &devices, reason, reason_len) &&
       read_size(*host, "HMC_EMU_MEMORY", &s->memory, reason, reason_len) &&
       read_int(*host, "HMC_EMU_STREAM_DELAY_US", 0, 10000000, &delay, reason, reason_len) &&
       read_int(*host, "HMC_EMU_STREAM_WAKE", 0, 1, &stream_wake, reason, reason_len) &&
+      read_int(*host, "HMC_EMU_QUERY_LAG_US", 0, 1000000, &query_lag, reason, reason_len) &&
       read_int(*host, "HMC_EMU_FAIL_STREAM_OP", 0, 1L << 40, &fail_op, reason, reason_len)) {
     s->devices = static_cast<int>(devices);
     s->delay_us = static_cast<uint32_t>(delay);
     s->stream_wake = stream_wake != 0;
+    s->query_lag_us = static_cast<uint32_t>(query_lag);
     s->fail_op = static_cast<uint64_t>(fail_op);
     char path[512];
     if (read_param(*host, "HMC_EMU_REGISTER_LOG", path, sizeof(path), reason, reason_len)) {

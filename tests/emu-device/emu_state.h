@@ -59,6 +59,7 @@ struct State {
   uint64_t memory = 0;      // HMC_EMU_MEMORY, per device
   uint32_t delay_us = 0;    // HMC_EMU_STREAM_DELAY_US
   bool stream_wake = true;  // HMC_EMU_STREAM_WAKE
+  uint32_t query_lag_us = 0;  // HMC_EMU_QUERY_LAG_US
   uint64_t fail_op = 0;     // HMC_EMU_FAIL_STREAM_OP: this stream operation (1-based) fails
   std::atomic<uint64_t> stream_ops{0};  // stream operations started, for fail_op
   std::string register_log;  // HMC_EMU_REGISTER_LOG: file that host_register events go to

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <new>
+#include <thread>
 
 #include "emu_ops.h"
 
@@ -263,6 +264,9 @@ int event_query(void* state, void* event) {
     return fail(HMC_PROV_ERR_CLOSED, "event_query: the stream it was recorded on failed before reaching it: %s",
                 ev->why.empty() ? "it was destroyed" : ev->why.c_str());
   }
+  // A host preempted right after the look: the answer is old when it arrives, and later
+  // work of the same stream may have ended meanwhile.
+  if (s->query_lag_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(s->query_lag_us));
   return HMC_PROV_IN_PROGRESS;
 }
 
