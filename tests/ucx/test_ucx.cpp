@@ -32,6 +32,23 @@ bool have_ucx() {
   return false;
 }
 
+// `bytes` at `base` registered, and the packed keys swapped with the other of two ranks.
+struct Swapped {
+  MemoryRegion mine;  // keep it while puts may land
+  RemoteKey theirs;
+};
+Result<Swapped> register_and_swap_keys(RankEnv& e, void* base, std::size_t bytes, uint64_t tag) {
+  auto mr = e.comm.register_memory(base, bytes);
+  if (!mr) return mr.status();
+  auto key = mr->pack();
+  std::vector<uint8_t> theirs(key.bytes.size());
+  const int peer = 1 - e.rank;
+  Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, tag);
+  HMC_RETURN_IF_ERROR(e.comm.send(key.bytes.data(), key.bytes.size(), peer, tag));
+  HMC_RETURN_IF_ERROR(rk.wait());
+  return Swapped{std::move(mr.value()), RemoteKey{std::move(theirs)}};
+}
+
 const PathCandidate* candidate(const PathInfo& path, const std::string& name) {
   for (const auto& c : path.candidates)
     if (c.provider == name) return &c;
@@ -60,14 +77,9 @@ TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put
         auto exits = test::run_ranks(2, s, [](RankEnv& e) {
           const std::size_t bytes = 16u << 20;
           std::vector<uint8_t> region(bytes, 0xEE);
-          auto mr = e.comm.register_memory(region.data(), region.size());
-          HMC_EXPECT(mr.ok(), mr.status().to_string());
-          auto mine = mr->pack();
-          std::vector<uint8_t> theirs(mine.bytes.size());
+          auto keys = register_and_swap_keys(e, region.data(), region.size(), 1);
+          HMC_EXPECT(keys.ok(), keys.status().to_string());
           const int peer = 1 - e.rank;
-          Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
-          HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
-          HMC_EXPECT_OK(rk.wait());
           HMC_EXPECT_OK(e.comm.barrier());
           if (e.rank == 1) {
             std::this_thread::sleep_for(std::chrono::seconds(4));  // no HMC call at all
@@ -80,7 +92,7 @@ TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put
           }
           auto data = test::random_bytes(bytes - 4096, 77);
           auto t0 = Clock::now();
-          HMC_EXPECT_OK(e.comm.put(peer, data.data(), data.size(), RemoteKey{theirs}, 4096).wait(std::chrono::seconds(3)));
+          HMC_EXPECT_OK(e.comm.put(peer, data.data(), data.size(), keys->theirs, 4096).wait(std::chrono::seconds(3)));
           auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
           HMC_EXPECT(took < 3000, "put took " + std::to_string(took) + " ms: the target's worker was not progressed");
           char done = 1;
@@ -244,16 +256,12 @@ TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx
     auto mem = e.ctx.alloc({"cpu", 0}, kMax, AllocKind::kShareable);  // ucx's mem_alloc: mapped by the peer
     HMC_EXPECT(mem.ok(), mem.status().to_string());
     auto* base = static_cast<uint8_t*>(mem->data());
-    auto mr = e.comm.register_memory(base, kMax);
-    HMC_EXPECT(mr.ok(), mr.status().to_string());
-    auto key = mr->pack();
-    std::vector<uint8_t> theirs(key.bytes.size());
+    auto keys = register_and_swap_keys(e, base, kMax, 1);
+    HMC_EXPECT(keys.ok(), keys.status().to_string());
+    const RemoteKey& theirs = keys->theirs;
     const int peer = 1 - e.rank;
-    Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
-    HMC_EXPECT_OK(e.comm.send(key.bytes.data(), key.bytes.size(), peer, 1));
-    HMC_EXPECT_OK(rk.wait());
     auto data = test::random_bytes(kMax, 1);
-    if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(peer, data.data(), kMax, RemoteKey{theirs}, 0).wait());  // key checked
+    if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(peer, data.data(), kMax, theirs, 0).wait());  // key checked
     auto last = test::random_bytes(kMax, 7);  // the final put's bytes, checked by the target
     // A busy phase first: both hosts poll, so the thread is in its watching-from-afar mode
     // (asleep in its armed state instead, it would never look at the host during the puts).
@@ -279,13 +287,13 @@ TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx
           HMC_EXPECT_OK(window.front().wait());
           window.erase(window.begin());
         }
-        window.push_back(e.comm.put(peer, data.data(), bytes, RemoteKey{theirs}, 0));
+        window.push_back(e.comm.put(peer, data.data(), bytes, theirs, 0));
       }
       for (auto& r : window) HMC_EXPECT_OK(r.wait());
     }
     const long switches = others_voluntary_switches() - before;
     const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-    HMC_EXPECT_OK(e.comm.put(peer, last.data(), kMax, RemoteKey{theirs}, 0).wait());
+    HMC_EXPECT_OK(e.comm.put(peer, last.data(), kMax, theirs, 0).wait());
     char done = 1;
     HMC_EXPECT_OK(e.comm.send(&done, 1, 1, 2));
     // The thread's looks: about one per ms, and a few before its back-off reaches 1 ms.
@@ -434,15 +442,10 @@ TEST_CASE("ucx: Context::alloc takes host memory from ucx when every pair uses i
             HMC_EXPECT(std::memcmp(base + off, want.data(), len) == 0, "rendezvous data differs");
             HMC_EXPECT(base[off - 1] == 0xEE && base[off + len] == 0xEE, "receive wrote outside its range");
           }
-          auto mr = e.comm.register_memory(base, bytes);
-          HMC_EXPECT(mr.ok(), mr.status().to_string());
-          auto key = mr->pack();
-          std::vector<uint8_t> theirs(key.bytes.size());
-          Request rk = e.comm.irecv(theirs.data(), theirs.size(), 1 - e.rank, 6);
-          HMC_EXPECT_OK(e.comm.send(key.bytes.data(), key.bytes.size(), 1 - e.rank, 6));
-          HMC_EXPECT_OK(rk.wait());
+          auto keys = register_and_swap_keys(e, base, bytes, 6);
+          HMC_EXPECT(keys.ok(), keys.status().to_string());
           auto put = test::random_bytes(bytes - 64, 92);
-          if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(1, put.data(), put.size(), RemoteKey{theirs}, 64).wait());
+          if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(1, put.data(), put.size(), keys->theirs, 64).wait());
           HMC_EXPECT_OK(e.comm.barrier());
           if (e.rank == 1) {
             HMC_EXPECT(std::memcmp(base + 64, put.data(), put.size()) == 0, "put data differs");
