@@ -6,6 +6,8 @@
 // only lock and guards the state shared with callers (phase, rounds, lost set, flags). The io
 // thread holds it only to publish what a frame said, never during I/O, and never while calling
 // on_change_, so a callback may call back into this object.
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <map>
@@ -135,7 +137,10 @@ void Bootstrap::Impl::run() {
 Status Bootstrap::Impl::connect(Clock::time_point deadline) {
   const auto start = Clock::now();
   connect_deadline_ = deadline;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hmc-boot");
+    run();
+  });
   asio::post(io_, [this] { attempt(); });
   std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline, [this] { return phase_ != Phase::kConnecting; }))

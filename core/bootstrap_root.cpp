@@ -2,6 +2,8 @@
 // and reports lost ranks. Threads and locks: all job state lives on the io thread and needs no
 // lock. The only lock, mu_, guards the "finished" summary that wait_finished() reads; the io
 // thread takes it briefly to publish and never holds it during I/O.
+#include <pthread.h>
+
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -141,7 +143,10 @@ Status BootstrapRoot::Impl::listen(const std::string& host, uint16_t port) {
 void BootstrapRoot::Impl::launch() {
   accept();
   sweep();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hmc-boot-root");
+    run();
+  });
 }
 
 void BootstrapRoot::Impl::run() {

@@ -1,5 +1,7 @@
 #include "core/progress.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <memory>
 #include <thread>
@@ -224,7 +226,10 @@ ProgressEngine::~ProgressEngine() {
 void ProgressEngine::hold() {
   std::lock_guard lock(mu_);
   ++holds_;
-  if (!background_.joinable() && !closed_) background_ = std::thread([this] { background_loop(); });
+  if (!background_.joinable() && !closed_) background_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hmc-progress");
+    background_loop();
+  });
   cv_.notify_all();
 }
 

@@ -1,5 +1,7 @@
 #include "common/stream_provider.h"
 
+#include <pthread.h>
+
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <future>
@@ -14,6 +16,7 @@ StreamProvider::~StreamProvider() { shutdown(); }
 void StreamProvider::start() {
   work_.emplace(boost::asio::make_work_guard(io_));
   thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hmc-net-io");
     for (;;) {
       try {
         io_.run();

@@ -1,6 +1,7 @@
 // Provider life, the thread, progress, and the end of connections.
 #include "provider.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -139,6 +140,13 @@ int Provider::progress() {
   const bool polling = now - before < kLinger;
   if (polling) host_polled_.store(now.count(), std::memory_order_relaxed);
   bool moved = drive(false);
+  // A pass that moved something may have copied for a while (a large put's fragments): the
+  // gap to the next call counts from its end, or a host that polls would look as if it
+  // stopped.
+  if (moved) {
+    last_progress_ = Clock::now().time_since_epoch();
+    if (polling) host_polled_.store(last_progress_.count(), std::memory_order_relaxed);
+  }
   unlock_and_wake(lock);
   if (!polling && !thread_watches_.load(std::memory_order_relaxed)) kick_thread();
   return moved ? 1 : HMC_PROV_OK;
@@ -410,7 +418,10 @@ int Provider::start(std::string& why) {
     std::lock_guard lock(live_mu);
     live.insert(this);
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hmc-ucx");  // top -H, gdb: whose thread this is
+    run();
+  });
   host_.log(HMC_LOG_DEBUG, "ucx " + std::string(ucp_get_version_string()) + " transports " +
                                transports_ + ", worker address " + std::to_string(addr_len) + " bytes");
   return HMC_PROV_OK;

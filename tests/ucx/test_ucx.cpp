@@ -222,16 +222,17 @@ TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the mess
   }
 }
 
-// Voluntary context switches of this process's threads other than the caller: a thread
-// that blocks on a mutex, sleeps in epoll or on a condition variable adds one each time.
-long others_voluntary_switches() {
+// Voluntary context switches of this process's ucx provider thread ("hmc-ucx"): each time
+// it sleeps in epoll or blocks on a mutex.
+long ucx_thread_voluntary_switches() {
   long sum = 0;
-  const std::string self = std::to_string(gettid());
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    if (task.path().filename() == self) continue;
     std::ifstream status(task.path() / "status");
-    for (std::string line; std::getline(status, line);)
-      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) sum += std::stol(line.substr(24));
+    bool ours = false;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Name:", 0) == 0) ours = line.find("hmc-ucx") != std::string::npos;
+      if (ours && line.rfind("voluntary_ctxt_switches:", 0) == 0) sum += std::stol(line.substr(24));
+    }
   }
   return sum;
 }
@@ -240,10 +241,11 @@ long others_voluntary_switches() {
 // lock. The provider thread must not take that busy host for one that stopped: it then
 // blocked on the lock during every put, and each put's unlock paid a futex wake (4 MiB put
 // stream 58 against 66 GB/s with the fix, on two cores). That happened where a put takes
-// about as long as the thread's idea of a host that stopped (kLinger, 100 us); the sizes
-// here span that on any memory from 20 to 160 GB/s. Counted, not timed: the thread's own
-// looks (at most one per ms once it backs off) stay well below one per put, a thread
-// waiting on the lock makes one per put. Runs alone (tests/ucx/CMakeLists.txt).
+// about as long as the thread's idea of a host that stopped (kLinger, 100 us), and where a
+// progress pass copied a large put's fragments for that long; the sizes here span that on
+// any memory from 20 to 160 GB/s. Counted, not timed: the thread's own looks (at most one
+// per ms once it backs off) stay well below one per put, a thread waiting on the lock makes
+// one per put. Runs alone (tests/ucx/CMakeLists.txt).
 TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx][timing]") {
   if (!have_ucx()) {
     WARN("ucx provider unavailable here: skipped");
@@ -263,13 +265,41 @@ TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx
     auto data = test::random_bytes(kMax, 1);
     if (e.rank == 0) HMC_EXPECT_OK(e.comm.put(peer, data.data(), kMax, theirs, 0).wait());  // key checked
     auto last = test::random_bytes(kMax, 7);  // the final put's bytes, checked by the target
-    // A busy phase first: both hosts poll, so the thread is in its watching-from-afar mode
-    // (asleep in its armed state instead, it would never look at the host during the puts).
-    uint64_t v = 0;
-    for (int i = 0; i < 2000; ++i) {
-      if (e.rank == 0) HMC_EXPECT_OK(e.comm.send(&v, 8, peer, 3));
-      HMC_EXPECT_OK(e.comm.recv(&v, 8, peer, 3));
-      if (e.rank == 1) HMC_EXPECT_OK(e.comm.send(&v, 8, peer, 3));
+    // Three rounds, each a busy phase (both hosts poll, so the thread watches from afar; in
+    // its armed sleep it would never look at the host during the puts) and then, on rank 0,
+    // a stream of puts. The median round is judged: one round the scheduler spoils (a rank
+    // off its core looks like a host that stopped) does not fail the case.
+    constexpr int kRounds = 3;
+    std::vector<long> switches, allowed;
+    std::string seen;
+    for (int round = 0; round < kRounds; ++round) {
+      uint64_t v = 0;
+      for (int i = 0; i < 2000; ++i) {
+        if (e.rank == 0) HMC_EXPECT_OK(e.comm.send(&v, 8, peer, 3));
+        HMC_EXPECT_OK(e.comm.recv(&v, 8, peer, 3));
+        if (e.rank == 1) HMC_EXPECT_OK(e.comm.send(&v, 8, peer, 3));
+      }
+      if (e.rank == 1) continue;
+      const long before = ucx_thread_voluntary_switches();
+      const auto t0 = Clock::now();
+      int puts = 0;
+      for (std::size_t bytes = 2u << 20; bytes <= kMax; bytes *= 2) {
+        std::vector<Request> window;
+        for (int i = 0; i < kPutsPerSize; ++i, ++puts) {
+          if (window.size() == 4) {
+            HMC_EXPECT_OK(window.front().wait());
+            window.erase(window.begin());
+          }
+          window.push_back(e.comm.put(peer, data.data(), bytes, theirs, 0));
+        }
+        for (auto& r : window) HMC_EXPECT_OK(r.wait());
+      }
+      switches.push_back(ucx_thread_voluntary_switches() - before);
+      const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      // The thread's looks: about one per ms, and a few before its back-off reaches 1 ms.
+      allowed.push_back(puts / 8 + ms + 20);
+      seen += " " + std::to_string(puts) + " puts in " + std::to_string(ms) + " ms: " + std::to_string(switches.back()) +
+              " switches (allowed " + std::to_string(allowed.back()) + ");";
     }
     if (e.rank == 1) {
       char done = 0;
@@ -277,32 +307,13 @@ TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx
       HMC_EXPECT(std::memcmp(base, last.data(), kMax) == 0, "put data differs");
       return 0;
     }
-    const long before = others_voluntary_switches();
-    const auto t0 = Clock::now();
-    int puts = 0;
-    for (std::size_t bytes = 2u << 20; bytes <= kMax; bytes *= 2) {
-      std::vector<Request> window;
-      for (int i = 0; i < kPutsPerSize; ++i, ++puts) {
-        if (window.size() == 4) {
-          HMC_EXPECT_OK(window.front().wait());
-          window.erase(window.begin());
-        }
-        window.push_back(e.comm.put(peer, data.data(), bytes, theirs, 0));
-      }
-      for (auto& r : window) HMC_EXPECT_OK(r.wait());
-    }
-    const long switches = others_voluntary_switches() - before;
-    const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     HMC_EXPECT_OK(e.comm.put(peer, last.data(), kMax, theirs, 0).wait());
     char done = 1;
     HMC_EXPECT_OK(e.comm.send(&done, 1, 1, 2));
-    // The thread's looks: about one per ms, and a few before its back-off reaches 1 ms.
-    const long allowed = puts / 8 + ms + 20;
-    HMC_EXPECT(switches <= allowed, std::to_string(puts) + " puts of 2-16 MiB in " + std::to_string(ms) + " ms: " +
-                                        std::to_string(switches) + " voluntary switches of other threads, allowed " +
-                                        std::to_string(allowed));
-    std::printf("ucx put stream: %d puts of 2-16 MiB in %ld ms, %ld voluntary switches of other threads\n", puts, ms,
-                switches);
+    int over = 0;
+    for (int round = 0; round < kRounds; ++round) over += switches[round] > allowed[round];
+    HMC_EXPECT(over <= kRounds / 2, "voluntary switches of the ucx thread over put streams of 2-16 MiB:" + seen);
+    std::printf("ucx put streams:%s\n", seen.c_str());
     return 0;
   });
   INFO(test::describe(exits));
