@@ -219,7 +219,8 @@ bool DeviceTransfers::poll() {
   // counts as running too. Each event is queried at its own moment, so the later one may
   // have ended by then; its callback first once let a staged send post its FIN ahead of an
   // earlier chunk (the receive ended without that chunk's bytes).
-  std::vector<std::pair<LoadedProvider*, int>> running;
+  auto& running = running_streams_;
+  running.clear();
   for (auto it = pending_.begin(); it != pending_.end();) {
     const std::pair<LoadedProvider*, int> stream{it->by, it->device};
     const bool behind = std::find(running.begin(), running.end(), stream) != running.end();

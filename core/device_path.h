@@ -134,6 +134,7 @@ class DeviceTransfers {
   };
   std::vector<IdleEvent> idle_events_;
   std::deque<Pending> pending_;  // in the order they were queued
+  std::vector<std::pair<LoadedProvider*, int>> running_streams_;  // poll()'s scratch: streams seen busy
 };
 
 }  // namespace hmc::core
