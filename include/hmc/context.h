@@ -29,6 +29,8 @@ struct ProviderInfo {
   std::string kind;  // "device" or "net"
   std::string origin;  // "built-in" or the file it came from
   uint32_t abi_version = 0;
+  // What it can do as configured: the table's capability bits, less those a loaded net
+  // provider withdrew (ucx with shared memory only: no "remote").
   uint64_t caps = 0;
   std::vector<std::string> cap_names;
   bool available = false;
