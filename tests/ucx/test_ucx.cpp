@@ -222,6 +222,8 @@ TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the mess
   }
 }
 
+namespace {
+
 // Voluntary context switches of this process's ucx provider thread ("hmc-ucx"): each time
 // it sleeps in epoll or blocks on a mutex.
 long ucx_thread_voluntary_switches() {
@@ -236,6 +238,8 @@ long ucx_thread_voluntary_switches() {
   }
   return sum;
 }
+
+}  // namespace
 
 // A put into memory the initiator maps over shared memory is a memcpy under the provider's
 // lock. The provider thread must not take that busy host for one that stopped: it then
