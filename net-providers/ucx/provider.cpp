@@ -143,19 +143,15 @@ int Provider::progress() {
   // A pass that moved something may have copied for a while (a large put's fragments): the
   // gap to the next call counts from its end, or a host that polls would look as if it
   // stopped.
-  if (moved) {
-    last_progress_ = Clock::now().time_since_epoch();
-    if (polling) host_polled_.store(last_progress_.count(), std::memory_order_relaxed);
-  }
+  if (moved) note_host_call(polling);
   unlock_and_wake(lock);
   if (!polling && !thread_watches_.load(std::memory_order_relaxed)) kick_thread();
   return moved ? 1 : HMC_PROV_OK;
 }
 
-void Provider::note_host_polled() {
-  const auto now = Clock::now().time_since_epoch();
-  last_progress_ = now;
-  host_polled_.store(now.count(), std::memory_order_relaxed);
+void Provider::note_host_call(bool polling) {
+  last_progress_ = Clock::now().time_since_epoch();
+  if (polling) host_polled_.store(last_progress_.count(), std::memory_order_relaxed);
 }
 
 void Provider::kick_thread() {

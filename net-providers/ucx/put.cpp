@@ -64,7 +64,7 @@ int Provider::put(void* conn, const void* src, size_t len, const void* rkey, siz
     host_inside_.fetch_add(1, std::memory_order_relaxed);
     start_put(*c, std::move(p), k->second);  // the usual case: no copy of the key
     host_inside_.fetch_sub(1, std::memory_order_relaxed);
-    note_host_polled();
+    note_host_call(true);
   } else {
     const uint64_t id = p.id;
     p.key.assign(key);

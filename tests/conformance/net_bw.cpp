@@ -71,8 +71,6 @@ int recv_wait(Session& s, void* conn, void* buf, size_t cap) {
 }
 
 constexpr int kHostSpins = 200;  // libhmc's Request::wait polls this often before sleeping
-// How the latency ping-pong waits: as libhmc does, or busy (`spin`, Session::kBusyPoll).
-int host_spins = kHostSpins;
 
 // The target's end of a run: listens, hands its address to the parent, accepts.
 struct TargetEnd {
@@ -299,21 +297,22 @@ void tcp_bw(size_t size, int iters, int sockbuf) {
 // Latency target: answers every BYTES-byte ping with a pong of the same size,
 // then takes a stream of `rounds` messages (all receives posted up front) and
 // says "got".
-void lat_target(TargetEnd& t, int rounds, size_t bytes) {
+// `spins`: kHostSpins (as libhmc waits) or Session::kBusyPoll (`spin`).
+void lat_target(TargetEnd& t, int rounds, size_t bytes, int spins) {
   Session& s = t.s;
   std::vector<char> in(bytes + 1), out(bytes, 3);
   void* r = nullptr;
   must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &r) == 0, "recv");
   for (int i = 0; i < rounds; ++i) {
-    must(s.wait(r, std::chrono::seconds(60), host_spins).rc == 0, "recv ping");
+    must(s.wait(r, std::chrono::seconds(60), spins).rc == 0, "recv ping");
     if (i + 1 < rounds) must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &r) == 0, "recv");
     void* sr = nullptr;
     must(s.p->send_msg(s.state, t.conn, out.data(), bytes, &sr) == 0, "send pong");
-    must(s.wait(sr, std::chrono::seconds(60), host_spins).rc == 0, "send pong");
+    must(s.wait(sr, std::chrono::seconds(60), spins).rc == 0, "send pong");
   }
   std::vector<void*> reqs(rounds);
   for (auto& q : reqs) must(s.p->recv_msg(s.state, t.conn, in.data(), in.size(), &q) == 0, "recv");
-  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), host_spins).rc == 0, "recv");
+  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), spins).rc == 0, "recv");
   must(send_wait(s, t.conn, "got", 4) == 0, "send got");
 }
 
@@ -328,11 +327,11 @@ void print_latency(const std::string& what, std::vector<double>& half_rtt_us) {
 
 constexpr int kWarmRounds = 1000;
 
-void provider_latency(const std::string& plugin, int rounds, size_t bytes) {
+void provider_latency(const std::string& plugin, int rounds, size_t bytes, int spins) {
   const int total = kWarmRounds + rounds;
   Session s;
   void* conn = nullptr;
-  pid_t pid = start_target(s, conn, plugin, [&](TargetEnd& t) { lat_target(t, total, bytes); });
+  pid_t pid = start_target(s, conn, plugin, [&](TargetEnd& t) { lat_target(t, total, bytes, spins); });
   std::vector<char> in(bytes + 1), out(bytes, 4);
   std::vector<double> half;
   half.reserve(rounds);
@@ -342,8 +341,8 @@ void provider_latency(const std::string& plugin, int rounds, size_t bytes) {
     must(s.p->recv_msg(s.state, conn, in.data(), in.size(), &rr) == 0, "recv");
     const auto t0 = Clock::now();
     must(s.p->send_msg(s.state, conn, out.data(), bytes, &sr) == 0, "send ping");
-    must(s.wait(sr, std::chrono::seconds(60), host_spins).rc == 0, "send ping");
-    Outcome o = s.wait(rr, std::chrono::seconds(60), host_spins);
+    must(s.wait(sr, std::chrono::seconds(60), spins).rc == 0, "send ping");
+    Outcome o = s.wait(rr, std::chrono::seconds(60), spins);
     must(o.rc == 0 && o.bytes == bytes, "recv pong: " + o.message);
     if (i >= kWarmRounds)
       half.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
@@ -352,7 +351,7 @@ void provider_latency(const std::string& plugin, int rounds, size_t bytes) {
   std::vector<void*> reqs(total);
   const auto t0 = Clock::now();
   for (auto& q : reqs) must(s.p->send_msg(s.state, conn, out.data(), bytes, &q) == 0, "send");
-  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), host_spins).rc == 0, "send");
+  for (auto& q : reqs) must(s.wait(q, std::chrono::seconds(60), spins).rc == 0, "send");
   char got[4];
   must(recv_wait(s, conn, got, sizeof(got)) == 0, "recv got");
   const double rate = total / std::chrono::duration<double>(Clock::now() - t0).count();
@@ -434,13 +433,14 @@ int main(int argc, char** argv) {
     const int rounds = argc > 3 ? std::atoi(argv[3]) : 20000;
     const size_t bytes = argc > 4 ? std::strtoull(argv[4], nullptr, 0) : 8;
     must(rounds > 0 && bytes > 0, "rounds and bytes must be positive");
+    int spins = kHostSpins;
     if (argc > 5) {
       must(std::strcmp(argv[5], "spin") == 0, std::string("unknown wait '") + argv[5] + "' (spin)");
-      host_spins = Session::kBusyPoll;
+      spins = Session::kBusyPoll;
     }
     std::printf("ping-pong of %zu-byte messages, %d rounds after %d warm-up rounds, %s\n", bytes,
-                rounds, kWarmRounds, host_spins == Session::kBusyPoll ? "polled back to back" : "waited as libhmc waits");
-    provider_latency(plugin, rounds, bytes);
+                rounds, kWarmRounds, spins == Session::kBusyPoll ? "polled back to back" : "waited as libhmc waits");
+    provider_latency(plugin, rounds, bytes, spins);
     unix_latency(rounds, bytes);
     tcp_latency(rounds, bytes);
     return 0;
