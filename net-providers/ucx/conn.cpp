@@ -66,11 +66,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
   delete op;
 }
 
-// Sends `buf` as one message now (the caller checked that no put is ahead of it).
-void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
-  op->conn = &c;
-  op->wire = Wire{c.peer_id, static_cast<uint32_t>(Kind::kMsg), c.peer_cookie, c.send_seq++, 0, 0, 0};
-  op->bytes = len;
+ucp_request_param_t send_param(Op* op) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.user_data = op;
@@ -79,6 +75,15 @@ void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
     o->provider->on_op_done(o, status, 0);
     ucp_request_free(request);
   };
+  return p;
+}
+
+// Sends `buf` as one message now (the caller checked that no put is ahead of it).
+void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
+  op->conn = &c;
+  op->wire = Wire{c.peer_id, static_cast<uint32_t>(Kind::kMsg), c.peer_cookie, c.send_seq++, 0, 0, 0};
+  op->bytes = len;
+  const ucp_request_param_t p = send_param(op);
   void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, sizeof(Wire), buf, len, &p);
   if (r == nullptr) {
     op->req->complete(len);
@@ -100,14 +105,7 @@ void Provider::send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, ui
   op->conn = &c;
   op->payload = std::move(payload);
   op->wire = Wire{c.peer_id, static_cast<uint32_t>(kind), c.peer_cookie, c.send_seq++, token, arg, len};
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.user_data = op;
-  p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-    auto* o = static_cast<Op*>(user_data);
-    o->provider->on_op_done(o, status, 0);
-    ucp_request_free(request);
-  };
+  const ucp_request_param_t p = send_param(op);
   void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, sizeof(Wire), op->payload.data(),
                             op->payload.size(), &p);
   if (UCS_PTR_IS_PTR(r)) {

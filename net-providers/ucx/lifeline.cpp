@@ -44,6 +44,18 @@ bool make_sockaddr(const std::string& ip, uint16_t port, sockaddr_storage& ss, s
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+// A non-blocking stream socket of `family` with int option `opt` at `level` set to 1.
+int open_socket(int family, int level, int opt, std::string& why) {
+  int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, level, opt, &one, sizeof(one));
+  return fd;
+}
+
 }  // namespace
 
 std::string encode(const Handshake& h) {
@@ -111,13 +123,8 @@ int listen_socket(const std::string& ip, uint16_t& port, std::string& why) {
     why = "'" + ip + "' is not an IP address";
     return -1;
   }
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = errno_text("socket");
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const int fd = open_socket(ss.ss_family, SOL_SOCKET, SO_REUSEADDR, why);
+  if (fd < 0) return -1;
   if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
     why = errno_text(("cannot listen on " + format_addr(ip, port)).c_str());
@@ -138,13 +145,8 @@ int connect_socket(const std::string& addr, std::string& why) {
     why = "'" + addr + "' is not a ucx address (ip:port)";
     return -1;
   }
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = errno_text("socket");
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const int fd = open_socket(ss.ss_family, IPPROTO_TCP, TCP_NODELAY, why);
+  if (fd < 0) return -1;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
     why = errno_text(("connect to " + addr).c_str());
     close(fd);

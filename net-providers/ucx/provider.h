@@ -107,6 +107,10 @@ struct Op {
   std::unique_ptr<char[]> bounce;  // `bytes` long when set
 };
 
+// UCP request parameters whose send callback hands `op` to its provider's on_op_done and
+// frees the request (conn.cpp).
+ucp_request_param_t send_param(Op* op);
+
 // A posted receive. Receives are assigned messages in posting order and
 // reported complete in that order.
 struct Recv {

@@ -30,16 +30,6 @@
 
 namespace hmc_ucx {
 
-namespace {
-
-void op_cb(void* request, ucs_status_t status, void* user_data) {
-  auto* op = static_cast<Op*>(user_data);
-  op->provider->on_op_done(op, status, 0);
-  ucp_request_free(request);
-}
-
-}  // namespace
-
 int Provider::put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
                   uint64_t offset, void** req) {
   if (req == nullptr || (src == nullptr && len > 0)) return HMC_PROV_ERR_INVALID;
@@ -142,13 +132,10 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
     start_am_put(c, std::move(p), k);
     return;
   }
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = op_cb;
   auto* put = new Op(Op::kPut);
   put->provider = this;
   put->conn = &c;
-  param.user_data = put;
+  ucp_request_param_t param = send_param(put);
   void* r = ucp_put_nbx(c.ep, p.src, p.len, k.base + p.offset, k.rkey, &param);
   if (UCS_PTR_IS_ERR(r)) {
     delete put;
@@ -203,10 +190,7 @@ void Provider::start_am_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   op->put = p.id;
   op->bytes = p.len;
   op->wire = Wire{c.peer_id, static_cast<uint32_t>(Kind::kPutData), c.peer_cookie, c.send_seq++, p.id, p.offset, k.region};
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = op_cb;
-  param.user_data = op;
+  const ucp_request_param_t param = send_param(op);
   void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, sizeof(Wire), p.src, p.len, &param);
   if (UCS_PTR_IS_PTR(r)) {
     c.ops.insert(op);
