@@ -230,17 +230,19 @@ Status CommImpl::barrier() {
 
 void CommImpl::fail_all(const Status& why) {
   dev_.finish_all(why);
-  for (auto& p : peers_) {
-    for (auto& r : p.posted) r.op->fail(why);
-    for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
-    for (auto& [id, r] : p.rndv_recvs) {
-      release_recv(p, r);
-      r.op->fail(why);
-    }
-    p.posted.clear();
-    p.rndv_sends.clear();
-    p.rndv_recvs.clear();
+  for (auto& p : peers_) fail_pending(p, why);
+}
+
+void CommImpl::fail_pending(Peer& p, const Status& why) {
+  for (auto& r : p.posted) r.op->fail(why);
+  for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
+  for (auto& [id, r] : p.rndv_recvs) {
+    release_recv(p, r);
+    r.op->fail(why);
   }
+  p.posted.clear();
+  p.rndv_sends.clear();
+  p.rndv_recvs.clear();
 }
 
 void CommImpl::close_connections() {

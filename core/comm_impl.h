@@ -175,6 +175,8 @@ class CommImpl : public Progressable {
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);
+  // Fails (and forgets) p's posted receives and rendezvous under way.
+  void fail_pending(Peer& p, const Status& why);
   void close_connections();
   std::string describe(const Peer& p) const;
 

@@ -518,15 +518,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   else HMC_LOG("core", debug, "peer closing: {}", why.message());
   p.lost = why;
   if (segments_) segments_->fail(why);
-  for (auto& r : p.posted) r.op->fail(why);
-  for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
-  for (auto& [id, r] : p.rndv_recvs) {
-    release_recv(p, r);
-    r.op->fail(why);
-  }
-  p.posted.clear();
-  p.rndv_sends.clear();
-  p.rndv_recvs.clear();
+  fail_pending(p, why);
   if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
 }
 
