@@ -19,7 +19,11 @@ run_job() {  # run_job NAME N ENV...: N ranks, RANKVAR substituted per rank
     rm -f "/tmp/hmc-launch-$$-$name-$r"
   done
 }
-port=$(( 30000 + $$ % 20000 ))
+# Below the kernel's ephemeral range: a port in it can be held by any outgoing connection
+# on this machine, and the root's listen then fails with "Address already in use".
+low=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$low" -gt 11000 ] 2>/dev/null || low=32768
+port=$(( 10000 + $$ % (low - 10010) ))
 run_job torchrun 3 RANK=@RANK@ WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=job-$$
 run_job mpirun 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 HMC_ROOT=127.0.0.1:$((port + 7)) \
   HMC_SECRET=00112233445566778899aabbccddeeff
