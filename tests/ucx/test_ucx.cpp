@@ -24,12 +24,14 @@ namespace {
 
 const std::vector<std::string> kTransports = {"tcp", "shm"};
 
-bool have_ucx() {
+// True, with a warning that the case is skipped, where the ucx provider did not load.
+bool ucx_missing() {
   auto ctx = Context::create();
-  if (!ctx) return false;
-  for (const auto& p : ctx->providers())
-    if (p.name == "ucx" && p.available) return true;
-  return false;
+  if (ctx)
+    for (const auto& p : ctx->providers())
+      if (p.name == "ucx" && p.available) return false;
+  WARN("ucx provider unavailable here: skipped");
+  return true;
 }
 
 // `bytes` at `base` registered, and the packed keys swapped with the other of two ranks.
@@ -63,10 +65,7 @@ const PathCandidate* candidate(const PathInfo& path, const std::string& name) {
 // does that, so the target may be asleep outside every HMC call. The put must
 // also complete well before the target wakes.
 TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   for (const auto& tls : kTransports) {
     for (const std::string mode : {"am", "rma"}) {
       DYNAMIC_SECTION("UCX transports " << tls << ", HMC_UCX_PUT=" << mode) {
@@ -112,10 +111,7 @@ TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put
 // right after deregistering it: a write after that kills it. The put itself either
 // landed (dereg waited) or was refused (it came after the dereg).
 TEST_CASE("ucx: deregistering a region waits for a put landing in it", "[ucx][put][dereg]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   for (const auto& tls : kTransports) {
     DYNAMIC_SECTION("UCX transports " << tls) {
       std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"},
@@ -176,10 +172,7 @@ TEST_CASE("ucx: deregistering a region waits for a put landing in it", "[ucx][pu
 // more (scheduling outliers: a concurrent multi-process test made 3 in 15); this case runs
 // alone (tests/ucx/CMakeLists.txt).
 TEST_CASE("ucx: a waiter that fell asleep after a busy phase wakes when the message comes", "[ucx][timing]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   auto now_us = [] {
     return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
   };
@@ -251,10 +244,7 @@ long ucx_thread_voluntary_switches() {
 // per ms once it backs off) stay well below one per put, a thread waiting on the lock makes
 // one per put. Runs alone (tests/ucx/CMakeLists.txt).
 TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx][timing]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", "shm"}, {"HMC_TIMEOUT", "30s"}};
   auto exits = test::run_ranks(2, s, [](RankEnv& e) {
     constexpr std::size_t kMax = 16u << 20;
@@ -325,10 +315,7 @@ TEST_CASE("ucx: the provider thread leaves a host that copies puts alone", "[ucx
 }
 
 TEST_CASE("ucx: loses to shm on one host, beats nothing it should not, and can be forced", "[ucx][path]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   for (const auto& tls : kTransports) {
     for (const std::string forced : {"", "ucx"}) {
       DYNAMIC_SECTION("UCX transports " << tls << (forced.empty() ? "" : ", HMC_PATH=ucx")) {
@@ -366,10 +353,7 @@ TEST_CASE("ucx: loses to shm on one host, beats nothing it should not, and can b
 // HMC_EAGER_LIMIT the user set wins over the advice. What decides is visible: an eager
 // send completes before its receive is posted, a rendezvous send waits for the receiver.
 TEST_CASE("ucx: the eager limit follows ucx's advice per transport unless HMC_EAGER_LIMIT is set", "[ucx][eager]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   // "tcp,shm" is UCX's default on this machine: with tcp there, every endpoint is a tcp
   // one (PEER mode leaves posix and sysv out), so there is no shared-memory advice.
   for (const std::string tls : {"tcp", "shm", "tcp,shm"}) {
@@ -425,10 +409,7 @@ std::string mapping_of(const void* p) {
 // receive into a range of it (registered inside the allocation) and a put
 // into all of it land exactly.
 TEST_CASE("ucx: Context::alloc takes host memory from ucx when every pair uses it", "[ucx][alloc]") {
-  if (!have_ucx()) {
-    WARN("ucx provider unavailable here: skipped");
-    return;
-  }
+  if (ucx_missing()) return;
   struct Case {
     std::map<std::string, std::string> settings;
     bool from_ucx;
