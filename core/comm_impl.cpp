@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <system_error>
@@ -127,7 +128,7 @@ Status CommImpl::setup(const UniqueId& id) {
     if (!p.net) continue;
     p.ctrl.resize(kCtrlSlots);
     for (auto& slot : p.ctrl) {
-      slot.buf.resize(sizeof(WireHeader) + eager_limit_);
+      slot.buf.resize(sizeof(WireHeader) + std::max(eager_limit_, kCtrlPayloadMin));
       post_ctrl_recv(p, slot);
     }
   }
@@ -236,13 +237,24 @@ void CommImpl::fail_all(const Status& why) {
 void CommImpl::fail_pending(Peer& p, const Status& why) {
   for (auto& r : p.posted) r.op->fail(why);
   for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
-  for (auto& [id, r] : p.rndv_recvs) {
-    release_recv(p, r);
-    r.op->fail(why);
-  }
   p.posted.clear();
   p.rndv_sends.clear();
-  p.rndv_recvs.clear();
+  for (auto it = p.rndv_recvs.begin(); it != p.rndv_recvs.end();) {
+    RecvOp& r = it->second;
+    if (r.copies > 0) {
+      // Staged parts are still being copied into the user's buffer: the receive ends when
+      // they do (on_chunk's callback), not before, or a buffer the user took back as
+      // failed would still be written; failed unless its FIN came (all its bytes are
+      // here). fail_all ends every copy before it gets here.
+      if (!r.fin && r.error.ok()) r.error = why;
+      r.fin = true;
+      ++it;
+      continue;
+    }
+    release_recv(p, r);
+    r.op->fail(why);
+    it = p.rndv_recvs.erase(it);
+  }
 }
 
 void CommImpl::close_connections() {
@@ -256,7 +268,6 @@ void CommImpl::close_connections() {
     p.conn = nullptr;
   }
   flush_reg_cache(true);
-  reg_cache_.clear();
   for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
   listeners_.clear();
 }

@@ -27,6 +27,9 @@ Status from_provider(int rc, const char* msg, const std::string& who) {
   return {code, who + ": " + text};
 }
 
+// A refusal's reason as it travels: cut to what the peer's receive slots hold.
+std::string reason_text(const Status& why) { return why.message().substr(0, kReasonMax); }
+
 std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t tag) {
   return "receive of " + std::to_string(posted) + " bytes from rank " + std::to_string(peer) + " (tag " +
          std::to_string(tag) + ") matched a message of " + std::to_string(got) + " bytes";
@@ -131,6 +134,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
     Unexpected u = std::move(*it);
     p.unexpected.erase(it);
     if (u.type == MsgType::kEager) deliver_eager(p, r, u.data.data(), u.size);
+    else if (!p.lost.ok()) op->fail(p.lost);  // the RTS came, its data never will
     else start_rndv_recv(p, std::move(r), u.sender_id, u.size, u.aux);
     return op;
   }
@@ -158,7 +162,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
   auto refuse = [&](Status why) {
     if (r.staged) dev_.release(r.staged);
     r.staged = nullptr;
-    std::string text = why.message();
+    std::string text = reason_text(why);
     post_msg(p, MsgType::kNak, 0, sender_id, size, static_cast<uint64_t>(why.code()), text.data(), text.size(), nullptr);
     r.op->fail(std::move(why));
   };
@@ -249,12 +253,13 @@ void CommImpl::release_recv(Peer& p, RecvOp& r) {
 }
 
 void CommImpl::flush_reg_cache(bool all) {
-  // Entries in use stay (as stale) until their receive ends: indexes must stay valid.
+  // Entries in use stay (as stale) until their receive ends: indexes must stay valid. With
+  // `all` (connections closed) even those give up their registration.
   bool any_in_use = false;
   for (auto& e : reg_cache_) {
+    any_in_use |= e.in_use > 0;
     if (e.in_use && !all) {
       e.stale = true;
-      any_in_use = true;
       continue;
     }
     if (e.mr) e.net->net->dereg_mem(e.net->state, e.mr);
@@ -279,12 +284,14 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   void* req = nullptr;
   int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
   track(p, rc, req, part_done, "put");
+  // A put refused at once moved nothing: a FIN would end the receive on stale bytes.
+  if (rc != 0) return fail_receiver(p, h.aux, s.op->status());
   post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
 }
 
 void CommImpl::fail_receiver(Peer& p, uint64_t receiver_id, const Status& why) {
   if (!p.lost.ok() || state_.load() != 0) return;  // nobody left to tell, or closing anyway
-  std::string text = why.message();
+  std::string text = reason_text(why);
   post_msg(p, MsgType::kCtsRefused, 0, receiver_id, 0, static_cast<uint64_t>(why.code()), text.data(), text.size(), nullptr);
 }
 
@@ -334,6 +341,13 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
     void* req = nullptr;
     int rc = p.net->net->put(p.net->state, p.conn, src + off, len, nullptr, key->data(), key->size(), off, &req);
     track(p, rc, req, part_done, "put");
+    if (rc != 0) {  // refused at once: no kChunk or FIN for bytes that never moved
+      const Status why = from_provider(rc, nullptr, "put to " + describe(p));
+      fail_receiver(p, receiver_id, why);
+      *failed = true;
+      if (last) part_done(why);  // the FIN's part
+      return;
+    }
     if (n > 1) post_msg(p, MsgType::kChunk, 0, receiver_id, off, len, nullptr, 0, nullptr);
     if (last) post_msg(p, MsgType::kFin, 0, receiver_id, bytes, 0, nullptr, 0, part_done);
   };
@@ -418,6 +432,9 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
   if (it == p.rndv_sends.end()) return;
   auto offer = decode_offer(payload, len);
   SendOp op = it->second;
+  // Out of the table before the write: a copy that ends at once runs `fin`, whose FIN may
+  // find the peer lost, and mark_lost clears the table under `it`.
+  p.rndv_sends.erase(it);
   // Ends the send once the bytes are in the peer's memory (now, or when the stream copy ends).
   auto fin = [this, &p, op, receiver_id = h.aux](const Status& s) {
     if (!p.lost.ok()) return op.op->fail(p.lost);
@@ -435,10 +452,10 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
     // This process cannot import the peer's memory: ask for a plain CTS and stop offering.
     HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
     p.ipc_ok = false;
-    std::string text = s.message();
+    p.rndv_sends[h.id] = op;  // the plain CTS asked for here finds it again
+    std::string text = reason_text(s);
     return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);
   }
-  p.rndv_sends.erase(it);
   if (!s.ok()) fin(s);
 }
 
@@ -648,6 +665,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     void* req = nullptr;
     int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
     track(p, rc, req, part_done, "put");
+    if (rc != 0) return op;  // failed by track; no notification for bytes that never moved
   }
   if (notify) post_msg(p, MsgType::kNotify, 0, 0, 0, *notify, nullptr, 0, part_done);
   return op;

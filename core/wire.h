@@ -1,6 +1,7 @@
 // Wire formats core puts on net providers' message channels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace hmc::core {
@@ -37,6 +38,12 @@ struct WireHeader {
   uint64_t aux;
 };
 static_assert(sizeof(WireHeader) == 40);
+
+// What a control message carries besides its header is at most a packed rkey
+// (HMC_NET_RKEY_MAX), an IPC offer or a reason text cut to kReasonMax: receive slots hold
+// this much whatever the eager limit (HMC_EAGER_LIMIT may be 0).
+inline constexpr std::size_t kCtrlPayloadMin = 1024;
+inline constexpr std::size_t kReasonMax = 512;
 
 // First bytes on every data connection: the host's authentication.
 struct Hello {

@@ -74,7 +74,9 @@ class Communicator {
   const PathInfo& path(int peer) const;
 
   // Tagged point-to-point. A receive matches the first send of the same peer and
-  // tag; its buffer must hold exactly the message (else kMismatch on both sides).
+  // tag; its buffer must hold exactly the message, else the receive fails with
+  // kMismatch, and so does the send when it goes by rendezvous (above the pair's eager
+  // limit: PathInfo::eager_limit); an eager send has completed by then.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);

@@ -97,6 +97,69 @@ TEST_CASE("a killed peer fails pending operations with peer lost", "[errors][pee
   }
 }
 
+TEST_CASE("a receive matched to a dead peer's rendezvous request fails with peer lost", "[errors][peer-lost]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, fast(provider), [](RankEnv& e) {
+        std::vector<uint8_t> big(1u << 20, 3);
+        uint8_t token = 0;
+        if (e.rank == 1) {
+          Request rts = e.comm.isend(big.data(), big.size(), 0, 5);  // its RTS goes first,
+          HMC_EXPECT_OK(e.comm.send(&token, 1, 0, 7));               // then this marker
+          HMC_EXPECT_OK(e.comm.recv(&token, 1, 0, 8));               // rank 0 has both
+          raise(SIGKILL);
+        }
+        // The marker came, so the RTS before it did too: it waits, unmatched, for a receive.
+        HMC_EXPECT_OK(e.comm.recv(&token, 1, 1, 7));
+        HMC_EXPECT_OK(e.comm.send(&token, 1, 1, 8));
+        Status lost = e.comm.recv(&token, 1, 1, 99);
+        HMC_EXPECT(lost.code() == ErrorCode::kPeerLost, lost.to_string());
+        // Its data can never come: the receive fails as the peer did, not with a failed CTS.
+        std::fill(big.begin(), big.end(), 0);
+        Status s = e.comm.recv(big.data(), big.size(), 1, 5);
+        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+        HMC_EXPECT(std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 0; }), "the failed receive wrote");
+        e.comm.abort();
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].signal == SIGKILL);
+    }
+  }
+}
+
+TEST_CASE("an eager limit of 0 still carries rendezvous and their refusals", "[errors][eager]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto env = fast(provider);
+      env["HMC_EAGER_LIMIT"] = "0";
+      auto exits = test::run_ranks(2, env, [](RankEnv& e) {
+        std::vector<uint8_t> buf(4096);
+        if (e.rank == 0) {
+          for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 7 + 1);
+          HMC_EXPECT_OK(e.comm.send(buf.data(), buf.size(), 1, 1));  // CTS carries an rkey
+          Status s = e.comm.send(buf.data(), buf.size(), 1, 2);      // refused: too long
+          HMC_EXPECT(s.code() == ErrorCode::kMismatch, s.to_string());
+          HMC_EXPECT(s.message().find("matched a message of 4096 bytes") != std::string::npos, s.message());
+        } else {
+          HMC_EXPECT_OK(e.comm.recv(buf.data(), buf.size(), 0, 1));
+          for (std::size_t i = 0; i < buf.size(); ++i)
+            HMC_EXPECT(buf[i] == static_cast<uint8_t>(i * 7 + 1), "byte " + std::to_string(i));
+          Status s = e.comm.recv(buf.data(), 100, 0, 2);
+          HMC_EXPECT(s.code() == ErrorCode::kMismatch, s.to_string());
+        }
+        HMC_EXPECT_OK(e.comm.barrier());
+        HMC_EXPECT_OK(e.comm.finalize());
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].exit_code == 0);
+    }
+  }
+}
+
 TEST_CASE("abort from another thread ends a blocked wait", "[errors]") {
   auto exits = test::run_ranks(2, fast(), [](RankEnv& e) {
     std::vector<uint8_t> buf(64);
