@@ -8,6 +8,7 @@
 #include <cstring>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "core/log.h"
 #include "core/path_negotiation.h"
@@ -273,12 +274,12 @@ void CommImpl::close_connections() {
 }
 
 void CommImpl::abort() {
+  bool unregister = false;
   {
     std::lock_guard lock(mu_);
     if (state_.load() == 2) return;
     bool was_active = state_.exchange(2) == 0;
-    if (registered_) ctx_.engine()->remove(this);
-    registered_ = false;
+    unregister = std::exchange(registered_, false);
     if (bootstrap_ && was_active) bootstrap_->abort();
     // Connections first: a peer still putting into a receive of ours then sees this rank
     // gone (kPeerLost) rather than a put refused by a region released under it.
@@ -286,6 +287,10 @@ void CommImpl::abort() {
     fail_all({ErrorCode::kAborted, "communicator was aborted"});
     if (segments_) segments_->fail({ErrorCode::kAborted, "communicator was aborted"});
   }
+  // Not under mu_: remove() waits for passes in flight, and one of them may be waiting
+  // for mu_ (the collectives' driver posts through this communicator). Until then a pass
+  // that calls progress() finds the communicator closed and leaves.
+  if (unregister) ctx_.engine()->remove(this);
   ctx_.engine()->wake();
 }
 
@@ -328,14 +333,18 @@ Status CommImpl::finalize() {
   } catch (const std::system_error&) {  // no thread to be had: the barrier without answering
     s = bootstrap_->barrier(deadline);
   }
-  std::lock_guard lock(mu_);
-  state_ = 1;
-  fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
-  if (segments_) segments_->fail({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
-  if (registered_) ctx_.engine()->remove(this);
-  registered_ = false;
-  Status bye = bootstrap_->finalize(deadline);
-  close_connections();
+  Status bye;
+  bool unregister = false;
+  {
+    std::lock_guard lock(mu_);
+    state_ = 1;
+    fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
+    if (segments_) segments_->fail({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
+    unregister = std::exchange(registered_, false);
+    bye = bootstrap_->finalize(deadline);
+    close_connections();
+  }
+  if (unregister) ctx_.engine()->remove(this);  // not under mu_, as in abort()
   return s.ok() ? bye : s;
 }
 

@@ -65,6 +65,14 @@ class Recycling {
 // engine made where a destroyed one was never inherits its copy.
 std::atomic<uint64_t> list_changes{1};
 
+// The engines this thread runs a pass of, innermost last, with the parity each pass was
+// counted under (ProgressEngine::remove).
+thread_local std::vector<std::pair<const ProgressEngine*, int>> t_passes;
+
+bool in_pass_of(const ProgressEngine* e) {
+  return std::any_of(t_passes.begin(), t_passes.end(), [e](const auto& x) { return x.first == e; });
+}
+
 // The first sleep after polls close together (progress.h); longer than the gap
 // net-providers/common/msg_ring.h takes for a reader that stopped polling.
 constexpr std::chrono::microseconds kQuietTime{200};
@@ -100,9 +108,20 @@ void ProgressEngine::add(Progressable* p) {
 }
 
 void ProgressEngine::remove(Progressable* p) {
-  std::lock_guard lock(mu_);
-  items_.erase(std::remove(items_.begin(), items_.end(), p), items_.end());
-  list_changes.fetch_add(1, std::memory_order_release);
+  {
+    std::lock_guard lock(mu_);
+    items_.erase(std::remove(items_.begin(), items_.end(), p), items_.end());
+    list_changes.fetch_add(1);
+  }
+  // A pass on another thread that copied the list before the erase may still call p: wait
+  // for every pass counted under the parity before the flip, so the caller may free p once
+  // this returns. Passes that start later see the new list. Not from inside a pass of this
+  // engine (an item that removes itself, collectives/driver.cpp): it would wait for itself,
+  // and such an item outlives its own call anyway.
+  if (in_pass_of(this)) return;
+  std::lock_guard serial(remove_mu_);
+  const auto parity = static_cast<std::size_t>(epoch_.fetch_add(1) & 1);
+  while (passes_[parity].load() > 0) std::this_thread::yield();
 }
 
 void ProgressEngine::add_poller(std::function<bool()> poll) {
@@ -123,7 +142,30 @@ bool ProgressEngine::progress() {
   std::vector<Progressable*>& items = depth == 0 ? reused : nested;
   // only appended to during Context creation, before any wait
   std::vector<std::function<bool()>>* pollers = &pollers_;
-  const uint64_t now = list_changes.load(std::memory_order_acquire);
+  // Counted as a pass before the list is read, for remove() to wait on (seq_cst: a pass
+  // that counts under the old parity is waited for; one that saw the flip sees the erase).
+  struct Counted {
+    ProgressEngine* e;
+    std::size_t parity = 0;
+    bool outer;
+    explicit Counted(ProgressEngine* engine) : e(engine), outer(!in_pass_of(engine)) {
+      if (!outer) return;
+      for (;;) {
+        const uint64_t epoch = e->epoch_.load();
+        parity = static_cast<std::size_t>(epoch & 1);
+        e->passes_[parity].fetch_add(1);
+        if (e->epoch_.load() == epoch) break;
+        e->passes_[parity].fetch_sub(1);
+      }
+      t_passes.emplace_back(e, static_cast<int>(parity));
+    }
+    ~Counted() {
+      if (!outer) return;
+      t_passes.pop_back();
+      e->passes_[parity].fetch_sub(1);
+    }
+  } counted(this);
+  const uint64_t now = list_changes.load();
   if (depth > 0 || reused_of != this || reused_at != now) {
     std::lock_guard lock(mu_);
     items.assign(items_.begin(), items_.end());

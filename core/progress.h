@@ -62,6 +62,9 @@ class Progressable {
 class ProgressEngine {
  public:
   void add(Progressable* p);
+  // Takes p off the list and waits until no pass on another thread can still call it
+  // (then p may be freed). Never call it holding a lock that an item's progress() may
+  // block on: a pass in flight would wait for it.
   void remove(Progressable* p);
   // Extra pollers (net providers' progress functions) run on every pass.
   void add_poller(std::function<bool()> poll);
@@ -89,6 +92,11 @@ class ProgressEngine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Progressable*> items_;
+  // Passes in flight by the parity of epoch_ they began under; remove() flips epoch_ and
+  // waits for the old parity to drain (one remove at a time: remove_mu_).
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<int> passes_[2] = {0, 0};
+  std::mutex remove_mu_;
   std::vector<std::function<bool()>> pollers_;
   std::atomic<uint64_t> wakes_{0};
   std::atomic<int> sleepers_{0};
