@@ -27,6 +27,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
                                          : std::string("connection closed");
   switch (op->type) {
     case Op::kSend:
+      if (op->req == nullptr) break;  // failed when its connection closed (retire)
       if (ok) op->req->complete(op->bytes);
       else op->req->fail(fail_rc, why);
       wake_later();
@@ -47,7 +48,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
     case Op::kFlush:
       if (c != nullptr) {
         put_finished(*c, op->req, op->bytes, ok ? HMC_PROV_OK : fail_rc, why);
-      } else {
+      } else if (op->req != nullptr) {
         op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
       }
       break;

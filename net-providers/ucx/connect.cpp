@@ -225,10 +225,14 @@ int Provider::accept(void* listener, void** conn, void* hello, size_t hello_cap,
   auto& ready = it->second->ready;
   while (!ready.empty()) {
     uint32_t id = ready.front();
-    ready.pop_front();
     Conn* c = find(reinterpret_cast<void*>(static_cast<uintptr_t>(id)));
-    if (c == nullptr) continue;
+    if (c == nullptr) {
+      ready.pop_front();
+      continue;
+    }
+    // Too small a buffer leaves the connection queued for a call with a larger one.
     if (c->hello.size() > hello_cap || (hello == nullptr && !c->hello.empty())) return HMC_PROV_ERR_INVALID;
+    ready.pop_front();
     if (!c->hello.empty()) std::memcpy(hello, c->hello.data(), c->hello.size());
     if (hello_len != nullptr) *hello_len = c->hello.size();
     c->listener = nullptr;

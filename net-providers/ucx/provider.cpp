@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -447,6 +448,11 @@ Provider::~Provider() {
   listeners_.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!closing_.empty() && std::chrono::steady_clock::now() < deadline) drive();
+  // Closes that never ended (a peer stopped, not gone: nothing flushes, no error comes)
+  // are handed back unfinished; UCX 1.13 aborts the process in ucp_worker_destroy on an
+  // endpoint close request the user still holds.
+  for (void* r : closing_) ucp_request_free(r);
+  closing_.clear();
   for (ucp_rkey_h k : dead_rkeys_) ucp_rkey_destroy(k);
   dead_rkeys_.clear();
   regions_.clear();  // the last user of a mapping unmaps it
@@ -479,8 +485,11 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   }
   c.held.clear();
   for (auto& [id, p] : c.checking) p.req->fail(code, why);
-  c.checking.clear();
   for (auto& [id, p] : c.am_puts) p.req->fail(code, why);
+  // Those puts end here, not in put_finished: uncount them, or dead rkeys stay forever
+  // (drive() frees them only while no connection has puts under way).
+  c.puts -= std::min<size_t>(c.puts, c.checking.size() + c.am_puts.size());
+  c.checking.clear();
   c.am_puts.clear();
   keep_arrived(c, code == HMC_PROV_ERR_PEER_LOST);
   for (auto& [seq, m] : c.inbox) drop(m);
@@ -525,6 +534,12 @@ void Provider::retire(std::unique_ptr<Conn> c) {
   for (Op* op : c->ops) {
     op->conn = nullptr;
     op->recv = nullptr;
+    // close_conn fails every pending request: a send or a put's flush that UCX still
+    // holds (a stopped peer flushes nothing) ends now, and its late callback finds none.
+    if (op->req != nullptr && (op->type == Op::kSend || op->type == Op::kFlush)) {
+      op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
+      op->req = nullptr;
+    }
   }
   c->ops.clear();
 }
