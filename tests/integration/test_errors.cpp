@@ -20,6 +20,18 @@ std::map<std::string, std::string> fast(const std::string& provider = "tcp") {
   return {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "20s"}};
 }
 
+// Runs `body` on two ranks over every net provider here; rank 1 kills itself in it.
+void with_killed_peer(const std::function<int(RankEnv&)>& body) {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, fast(provider), body, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].signal == SIGKILL);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
@@ -60,73 +72,59 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
 }
 
 TEST_CASE("a killed peer fails pending operations with peer lost", "[errors][peer-lost]") {
-  for (const auto& provider : test::available_net_providers()) {
-    DYNAMIC_SECTION(provider) {
-      auto exits = test::run_ranks(2, fast(provider), [](RankEnv& e) {
-        std::vector<uint8_t> big(256u << 20, e.rank == 1 ? 3 : 0);
-        HMC_EXPECT_OK(e.comm.barrier());
-        if (e.rank == 1) {
-          Request r = e.comm.isend(big.data(), big.size(), 0, 1);
-          r.test();
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          raise(SIGKILL);  // mid-transfer, mostly
-        }
-        auto t0 = Clock::now();
-        Status s = e.comm.recv(big.data(), big.size(), 1, 1);
-        if (s.ok()) {
-          // The sender's progress thread finished the transfer before the kill (a loaded
-          // machine delays it): every byte must be there, and the loss shows on the next
-          // receive instead.
-          HMC_EXPECT(std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 3; }),
-                     "a receive from a peer killed mid-transfer completed without all its data");
-          t0 = Clock::now();
-          s = e.comm.recv(big.data(), 8, 1, 2);
-        }
-        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
-        HMC_EXPECT(s.message().find("rank 1") != std::string::npos, s.message());
-        HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(10), "peer loss took too long to notice");
-        // Later operations with the lost peer fail at once.
-        HMC_EXPECT(e.comm.send(big.data(), 8, 1).code() == ErrorCode::kPeerLost, "send to a lost peer");
-        e.comm.abort();
-        return 0;
-      }, std::chrono::seconds(60));
-      INFO(test::describe(exits));
-      REQUIRE(exits[0].exit_code == 0);
-      REQUIRE(exits[1].signal == SIGKILL);
+  with_killed_peer([](RankEnv& e) {
+    std::vector<uint8_t> big(256u << 20, e.rank == 1 ? 3 : 0);
+    HMC_EXPECT_OK(e.comm.barrier());
+    if (e.rank == 1) {
+      Request r = e.comm.isend(big.data(), big.size(), 0, 1);
+      r.test();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      raise(SIGKILL);  // mid-transfer, mostly
     }
-  }
+    auto t0 = Clock::now();
+    Status s = e.comm.recv(big.data(), big.size(), 1, 1);
+    if (s.ok()) {
+      // The sender's progress thread finished the transfer before the kill (a loaded
+      // machine delays it): every byte must be there, and the loss shows on the next
+      // receive instead.
+      HMC_EXPECT(std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 3; }),
+                 "a receive from a peer killed mid-transfer completed without all its data");
+      t0 = Clock::now();
+      s = e.comm.recv(big.data(), 8, 1, 2);
+    }
+    HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+    HMC_EXPECT(s.message().find("rank 1") != std::string::npos, s.message());
+    HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(10), "peer loss took too long to notice");
+    // Later operations with the lost peer fail at once.
+    HMC_EXPECT(e.comm.send(big.data(), 8, 1).code() == ErrorCode::kPeerLost, "send to a lost peer");
+    e.comm.abort();
+    return 0;
+  });
 }
 
 TEST_CASE("a receive matched to a dead peer's rendezvous request fails with peer lost", "[errors][peer-lost]") {
-  for (const auto& provider : test::available_net_providers()) {
-    DYNAMIC_SECTION(provider) {
-      auto exits = test::run_ranks(2, fast(provider), [](RankEnv& e) {
-        std::vector<uint8_t> big(1u << 20, 3);
-        uint8_t token = 0;
-        if (e.rank == 1) {
-          Request rts = e.comm.isend(big.data(), big.size(), 0, 5);  // its RTS goes first,
-          HMC_EXPECT_OK(e.comm.send(&token, 1, 0, 7));               // then this marker
-          HMC_EXPECT_OK(e.comm.recv(&token, 1, 0, 8));               // rank 0 has both
-          raise(SIGKILL);
-        }
-        // The marker came, so the RTS before it did too: it waits, unmatched, for a receive.
-        HMC_EXPECT_OK(e.comm.recv(&token, 1, 1, 7));
-        HMC_EXPECT_OK(e.comm.send(&token, 1, 1, 8));
-        Status lost = e.comm.recv(&token, 1, 1, 99);
-        HMC_EXPECT(lost.code() == ErrorCode::kPeerLost, lost.to_string());
-        // Its data can never come: the receive fails as the peer did, not with a failed CTS.
-        std::fill(big.begin(), big.end(), 0);
-        Status s = e.comm.recv(big.data(), big.size(), 1, 5);
-        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
-        HMC_EXPECT(std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 0; }), "the failed receive wrote");
-        e.comm.abort();
-        return 0;
-      }, std::chrono::seconds(60));
-      INFO(test::describe(exits));
-      REQUIRE(exits[0].exit_code == 0);
-      REQUIRE(exits[1].signal == SIGKILL);
+  with_killed_peer([](RankEnv& e) {
+    std::vector<uint8_t> big(1u << 20, 3);
+    uint8_t token = 0;
+    if (e.rank == 1) {
+      Request rts = e.comm.isend(big.data(), big.size(), 0, 5);  // its RTS goes first,
+      HMC_EXPECT_OK(e.comm.send(&token, 1, 0, 7));               // then this marker
+      HMC_EXPECT_OK(e.comm.recv(&token, 1, 0, 8));               // rank 0 has both
+      raise(SIGKILL);
     }
-  }
+    // The marker came, so the RTS before it did too: it waits, unmatched, for a receive.
+    HMC_EXPECT_OK(e.comm.recv(&token, 1, 1, 7));
+    HMC_EXPECT_OK(e.comm.send(&token, 1, 1, 8));
+    Status lost = e.comm.recv(&token, 1, 1, 99);
+    HMC_EXPECT(lost.code() == ErrorCode::kPeerLost, lost.to_string());
+    // Its data can never come: the receive fails as the peer did, not with a failed CTS.
+    std::fill(big.begin(), big.end(), 0);
+    Status s = e.comm.recv(big.data(), big.size(), 1, 5);
+    HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+    HMC_EXPECT(std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 0; }), "the failed receive wrote");
+    e.comm.abort();
+    return 0;
+  });
 }
 
 TEST_CASE("an eager limit of 0 still carries rendezvous and their refusals", "[errors][eager]") {
