@@ -150,7 +150,9 @@ class CommImpl : public Progressable {
   // p2p engine (p2p.cpp)
   void post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
                 const void* payload, std::size_t payload_len, std::function<void(const Status&)> done);
-  void track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
+  // Keeps a provider request until it ends; a call that failed at once (rc, or no request)
+  // runs `done` with the error now and returns it.
+  Status track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags);

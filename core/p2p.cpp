@@ -37,14 +37,15 @@ std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t t
 
 }  // namespace
 
-void CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what) {
+Status CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what) {
   if (rc != 0 || !req) {
     Status s = from_provider(rc, nullptr, std::string(what) + " to " + describe(p));
     done(s);
     if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
-    return;
+    return s;
   }
   p.inflight.push_back({req, std::move(done)});
+  return {};
 }
 
 std::shared_ptr<CommImpl::MsgBuf> CommImpl::take_msg_buf(std::size_t len) {
@@ -67,7 +68,8 @@ void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64
   if (payload_len) std::memcpy(msg->bytes.get() + sizeof(h), payload, payload_len);
   void* req = nullptr;
   int rc = p.net->net->send_msg(p.net->state, p.conn, msg->bytes.get(), len, &req);
-  track(p, rc, req, [msg = std::move(msg), done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
+  // A send refused at once reaches `done` like one that fails later.
+  (void)track(p, rc, req, [msg = std::move(msg), done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
 }
 
 void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
@@ -283,9 +285,8 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   };
   void* req = nullptr;
   int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
-  track(p, rc, req, part_done, "put");
   // A put refused at once moved nothing: a FIN would end the receive on stale bytes.
-  if (rc != 0) return fail_receiver(p, h.aux, s.op->status());
+  if (Status refused = track(p, rc, req, part_done, "put"); !refused.ok()) return fail_receiver(p, h.aux, refused);
   post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
 }
 
@@ -331,23 +332,20 @@ void CommImpl::send_staged(Peer& p, const SendOp& s, uint64_t receiver_id, std::
     const bool last = --*left == 0;
     if (st.ok() && !p.lost.ok()) st = p.lost;
     if (st.ok() && *failed) st = {ErrorCode::kAborted, "an earlier chunk of this send failed"};
-    if (!st.ok()) {
-      if (!*failed) fail_receiver(p, receiver_id, st);
+    // This chunk's put part has ended with `why`: no kChunk or FIN goes for bytes that never
+    // moved; the receiver hears of the first failure, and the last chunk ends the FIN's part.
+    auto give_up = [&](const Status& why) {
+      if (!*failed) fail_receiver(p, receiver_id, why);
       *failed = true;
+      if (last) part_done(why);
+    };
+    if (!st.ok()) {
       part_done(st);
-      if (last) part_done(st);
-      return;
+      return give_up(st);
     }
     void* req = nullptr;
     int rc = p.net->net->put(p.net->state, p.conn, src + off, len, nullptr, key->data(), key->size(), off, &req);
-    track(p, rc, req, part_done, "put");
-    if (rc != 0) {  // refused at once: no kChunk or FIN for bytes that never moved
-      const Status why = from_provider(rc, nullptr, "put to " + describe(p));
-      fail_receiver(p, receiver_id, why);
-      *failed = true;
-      if (last) part_done(why);  // the FIN's part
-      return;
-    }
+    if (Status refused = track(p, rc, req, part_done, "put"); !refused.ok()) return give_up(refused);
     if (n > 1) post_msg(p, MsgType::kChunk, 0, receiver_id, off, len, nullptr, 0, nullptr);
     if (last) post_msg(p, MsgType::kFin, 0, receiver_id, bytes, 0, nullptr, 0, part_done);
   };
@@ -664,8 +662,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   if (bytes) {
     void* req = nullptr;
     int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
-    track(p, rc, req, part_done, "put");
-    if (rc != 0) return op;  // failed by track; no notification for bytes that never moved
+    if (!track(p, rc, req, part_done, "put").ok()) return op;  // failed; no NOTIFY for bytes that never moved
   }
   if (notify) post_msg(p, MsgType::kNotify, 0, 0, 0, *notify, nullptr, 0, part_done);
   return op;

@@ -65,13 +65,10 @@ class Recycling {
 // engine made where a destroyed one was never inherits its copy.
 std::atomic<uint64_t> list_changes{1};
 
-// The engines this thread runs a pass of, innermost last, with the parity each pass was
-// counted under (ProgressEngine::remove).
-thread_local std::vector<std::pair<const ProgressEngine*, int>> t_passes;
+// The engines this thread runs a counted pass of, innermost last (ProgressEngine::remove).
+thread_local std::vector<const ProgressEngine*> t_passes;
 
-bool in_pass_of(const ProgressEngine* e) {
-  return std::any_of(t_passes.begin(), t_passes.end(), [e](const auto& x) { return x.first == e; });
-}
+bool in_pass_of(const ProgressEngine* e) { return std::find(t_passes.begin(), t_passes.end(), e) != t_passes.end(); }
 
 // The first sleep after polls close together (progress.h); longer than the gap
 // net-providers/common/msg_ring.h takes for a reader that stopped polling.
@@ -157,7 +154,7 @@ bool ProgressEngine::progress() {
         if (e->epoch_.load() == epoch) break;
         e->passes_[parity].fetch_sub(1);
       }
-      t_passes.emplace_back(e, static_cast<int>(parity));
+      t_passes.push_back(e);
     }
     ~Counted() {
       if (!outer) return;
