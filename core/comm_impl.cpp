@@ -178,13 +178,6 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
   }
   std::size_t accepted = 0;
   while (true) {
-    bool all_out = true;
-    for (auto& p : peers_) {
-      if (!p.net || p.rank < rank_) continue;
-      int st = p.net->net->conn_status(p.net->state, p.conn);
-      if (st < 0) return {ErrorCode::kPeerLost, "connecting to " + describe(p) + " failed (code " + std::to_string(st) + ")"};
-      all_out &= st == 0;
-    }
     for (auto& [net, listener] : listeners_) {
       void* conn = nullptr;
       Hello h{};
@@ -200,11 +193,22 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
       peers_[h.rank].conn = conn;
       ++accepted;
     }
-    if (all_out && accepted == expected_in) return {};
+    // Both ways: an accepted connection whose hello passed is set up (ucx creates its
+    // endpoint only now, net.h) and ready once conn_status says so.
+    bool all_up = true;
+    for (auto& p : peers_) {
+      if (!p.net || !p.conn) continue;
+      int st = p.net->net->conn_status(p.net->state, p.conn);
+      if (st < 0)
+        return {ErrorCode::kPeerLost, (p.rank > rank_ ? "connecting to " : "the connection from ") + describe(p) +
+                                          " failed (code " + std::to_string(st) + ")"};
+      all_up &= st == 0;
+    }
+    if (all_up && accepted == expected_in) return {};
     if (Clock::now() >= deadline) {
       std::string missing;
       for (auto& p : peers_)
-        if (p.net && (p.rank < rank_ ? !p.conn : p.net->net->conn_status(p.net->state, p.conn) != 0))
+        if (p.net && (!p.conn || p.net->net->conn_status(p.net->state, p.conn) != 0))
           missing += " " + std::to_string(p.rank);
       return {ErrorCode::kTimeout, "connections to ranks" + missing + " not established before HMC_TIMEOUT"};
     }

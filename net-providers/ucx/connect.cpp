@@ -48,16 +48,16 @@ int Provider::close_listener(void* listener) {
   auto it = listeners_.find(listener);
   if (it == listeners_.end()) return HMC_PROV_ERR_CLOSED;
   close(it->second->fd);  // also leaves the epoll set
-  // Connections it accepted but nobody took: closed.
-  for (uint32_t id : it->second->ready) {
-    auto c = conns_.find(id);
-    if (c == conns_.end()) continue;
+  // Connections it brought that nobody took yet: closed.
+  for (auto c = conns_.begin(); c != conns_.end();) {
+    if (c->second->listener != listener || c->second->closing) {
+      ++c;
+      continue;
+    }
     fail(*c->second, HMC_PROV_ERR_CLOSED, "listener closed");
     retire(std::move(c->second));
-    conns_.erase(c);
+    c = conns_.erase(c);
   }
-  for (auto& [id, c] : conns_)
-    if (c->listener == listener) c->listener = nullptr;
   listeners_.erase(it);
   return HMC_PROV_OK;
 }
@@ -133,13 +133,11 @@ void Provider::handle_socket(Conn& c, uint32_t events) {
     break;
   }
   if (c.state == Conn::kHandshake && c.ep != nullptr && !c.in.empty()) {
-    // Acceptor: the connector's endpoint is up too. Only now may the host get
-    // the connection (and perhaps exit): the connector is already done.
+    // Acceptor: the connector's endpoint is up too. Only now may the host use the
+    // connection (and perhaps exit): the connector is already done.
     c.state = Conn::kOpen;
     c.in.clear();
     pending_.insert(c.id);
-    auto it = listeners_.find(c.listener);
-    if (it != listeners_.end()) it->second->ready.push_back(c.id);
     wake_later();
   }
   if (c.state == Conn::kHandshake && c.ep == nullptr) {
@@ -152,7 +150,24 @@ void Provider::handle_socket(Conn& c, uint32_t events) {
       fail(c, HMC_PROV_ERR_REFUSED, why + " (" + c.peer + ")");
       return;
     }
-    if (rc == 0 && !finish_handshake(c, h)) return;
+    if (rc == 0) {
+      c.peer_id = h.conn;
+      c.peer_cookie = h.cookie;
+      c.peer_worker = std::move(h.worker);
+      c.in.clear();
+      if (c.connector) {
+        if (!finish_handshake(c)) return;
+      } else {
+        // Acceptor: the host checks the hello first. The worker address is handed to
+        // UCX, which asserts on a malformed one, only once the host has vouched for the
+        // sender by asking conn_status (a stranger's hello is refused and closed first).
+        c.hello = std::move(h.hello);
+        c.state = Conn::kChecking;
+        auto it = listeners_.find(c.listener);
+        if (it != listeners_.end()) it->second->ready.push_back(c.id);
+        wake_later();
+      }
+    }
     if (c.state == Conn::kHandshake && (eof || err)) {
       fail(c, HMC_PROV_ERR_REFUSED,
            std::string(err ? std::strerror(err) : "closed during the handshake") + " (" + c.peer + ")");
@@ -170,27 +185,26 @@ void Provider::handle_socket(Conn& c, uint32_t events) {
   if (c.fd >= 0) watch(c.fd, watch_tag(kSocket, c.id), EPOLLIN | EPOLLRDHUP | (c.out.empty() ? 0u : uint32_t{EPOLLOUT}));
 }
 
-bool Provider::finish_handshake(Conn& c, const Handshake& h) {
-  c.peer_id = h.conn;
-  c.peer_cookie = h.cookie;
+// Both sides: the endpoint to the peer's worker. The connector then is open, and one
+// byte tells the acceptor so; the acceptor answers with its own worker address and
+// waits for that byte.
+bool Provider::finish_handshake(Conn& c) {
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(h.worker.data());
+  ep.address = reinterpret_cast<const ucp_address_t*>(c.peer_worker.data());
   ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = on_error_callback;
   ep.err_handler.arg = this;
   if (!peer_errors_) ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
   ucs_status_t s = ucp_ep_create(worker_, &ep, &c.ep);
+  c.peer_worker.clear();
   if (s != UCS_OK) {
     c.ep = nullptr;
     fail(c, HMC_PROV_ERR_REFUSED, std::string("no UCX transport reaches ") + c.peer + ": " +
                                       ucs_status_string(s) + " (UCX transports here: " + transports_ + ")");
     return false;
   }
-  c.in.clear();
-  // Connector: open, and one byte tells the acceptor so. Acceptor: answer,
-  // then wait for that byte before accept() hands the connection out.
   if (c.connector) {
     c.state = Conn::kOpen;
     pending_.insert(c.id);  // sends posted while connecting go now
@@ -201,18 +215,46 @@ bool Provider::finish_handshake(Conn& c, const Handshake& h) {
     mine.cookie = c.cookie;
     mine.worker = worker_addr_;
     c.out = encode(mine);
-    c.hello = h.hello;
+    c.state = Conn::kHandshake;
   }
   ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
   if (n > 0) c.out.erase(0, static_cast<size_t>(n));
+  if (c.fd >= 0) watch(c.fd, watch_tag(kSocket, c.id), EPOLLIN | EPOLLRDHUP | (c.out.empty() ? 0u : uint32_t{EPOLLOUT}));
   wake_later();
   return true;
+}
+
+// Connections the host never took, or whose handshake failed or never came: closed once
+// they fail or after kStrangerTimeout. accept() skips ids that are gone.
+void Provider::drop_strangers() {
+  const auto now = Clock::now();
+  if (now - swept_ < std::chrono::seconds(1)) return;
+  swept_ = now;
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    Conn& c = *it->second;
+    if (c.listener == nullptr || c.closing || (c.state != Conn::kFailed && now - c.since < kStrangerTimeout)) {
+      ++it;
+      continue;
+    }
+    if (c.state != Conn::kFailed)
+      host_.log(HMC_LOG_WARN, "dropped a connection from " + c.peer + ": not accepted within " +
+                                  std::to_string(std::chrono::seconds(kStrangerTimeout).count()) + " s");
+    fail(c, HMC_PROV_ERR_CLOSED, "connection dropped");
+    retire(std::move(it->second));
+    it = conns_.erase(it);
+  }
 }
 
 int Provider::conn_status(void* conn) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  if (c->state == Conn::kChecking) {
+    // Acceptor: the host checked the hello and keeps the connection; now the endpoint.
+    if (!finish_handshake(*c)) return c->error;
+    unlock_and_wake(lock);
+    return HMC_PROV_IN_PROGRESS;
+  }
   if (c->state == Conn::kFailed) return c->error;
   return c->state == Conn::kOpen ? HMC_PROV_OK : HMC_PROV_IN_PROGRESS;
 }
@@ -222,6 +264,7 @@ int Provider::accept(void* listener, void** conn, void* hello, size_t hello_cap,
   std::unique_lock lock(mu_);
   auto it = listeners_.find(listener);
   if (it == listeners_.end()) return HMC_PROV_ERR_CLOSED;
+  drop_strangers();
   auto& ready = it->second->ready;
   while (!ready.empty()) {
     uint32_t id = ready.front();

@@ -205,6 +205,7 @@ void Provider::run() {
       std::unique_lock lock(mu_);
       for (auto [t, ev] : ready) handle_event(t, ev);
       ready.clear();
+      drop_strangers();
       for (auto last = Clock::now(); !stop_;) {
         const auto now = Clock::now();
         if (drive()) last = now;
@@ -443,7 +444,7 @@ Provider::~Provider() {
   std::vector<uint32_t> ids;
   for (auto& [id, c] : conns_) ids.push_back(id);
   const auto cap = Clock::now() + std::chrono::seconds(2);
-  for (uint32_t id : ids) close_locked(conns_[id].get(), cap);
+  for (uint32_t id : ids) close_locked(lock, conns_[id].get(), cap);
   for (auto& [k, l] : listeners_) close(l->fd);
   listeners_.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -557,14 +558,17 @@ void Provider::retire(std::unique_ptr<Conn> c) {
 int Provider::close_conn(void* conn) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
-  if (c == nullptr) return HMC_PROV_ERR_CLOSED;
-  close_locked(c, Clock::time_point::max());
+  if (c == nullptr || c->closing) return HMC_PROV_ERR_CLOSED;
+  close_locked(lock, c, Clock::time_point::max());
   unlock_and_wake(lock);
   return HMC_PROV_OK;
 }
 
-// close_conn's work, under mu_; waits until `cap` at the latest.
-void Provider::close_locked(Conn* c, Clock::time_point cap) {
+// close_conn's work, under mu_ (`lock`); waits until `cap` at the latest. A wait past the
+// first millisecond lets mu_ go between looks, so that a peer that flushes nothing (stopped,
+// not gone) stalls only this call, not the other connections and the provider's thread.
+void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap) {
+  c->closing = true;  // nobody else frees it meanwhile (close_conn refuses, strangers skip it)
   ucp_ep_h ep = c->ep;
   const int fd = c->fd;
   const bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
@@ -573,6 +577,14 @@ void Provider::close_locked(Conn* c, Clock::time_point cap) {
   fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
   const auto deadline =
       std::min(cap, Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10)));
+  const auto started = Clock::now();
+  auto look = [&] {
+    drive();
+    if (Clock::now() - started < std::chrono::milliseconds(1)) return;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lock.lock();
+  };
   void* closing = nullptr;
   if (ep != nullptr) {
     ucp_request_param_t p{};
@@ -581,7 +593,7 @@ void Provider::close_locked(Conn* c, Clock::time_point cap) {
     closing = ucp_ep_close_nbx(ep, &p);
     while (UCS_PTR_IS_PTR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
            Clock::now() < deadline) {
-      drive();
+      look();
     }
   }
   // Nothing may touch the caller's buffers once we return: wait (bounded) for
@@ -591,7 +603,7 @@ void Provider::close_locked(Conn* c, Clock::time_point cap) {
       if (op->type != Op::kControl && !op->bounce) return true;
     return false;
   };
-  while (uses_caller() && Clock::now() < deadline) drive();
+  while (uses_caller() && Clock::now() < deadline) look();
   if (uses_caller())
     host_.log(gone ? HMC_LOG_DEBUG : HMC_LOG_WARN, "close_conn: UCX still holds operations of " + c->peer +
                                                        (gone ? " (the peer is gone)" : ""));

@@ -164,18 +164,24 @@ struct AmPut {
   std::string why;
 };
 
+// Acceptor side: kHandshake until the connector's handshake is in, kChecking while
+// the host checks its hello (nothing the connector sent beyond it is used yet), then
+// kHandshake again, with the endpoint, until the connector's byte says it is open.
 struct Conn {
-  enum State { kHandshake, kOpen, kFailed } state = kHandshake;
+  enum State { kHandshake, kChecking, kOpen, kFailed } state = kHandshake;
   uint32_t id = 0;
   uint64_t cookie = 0;
   uint32_t peer_id = 0;
   uint64_t peer_cookie = 0;
   bool connector = false;
+  bool closing = false;      // close_conn is under way (and may let mu_ go while it waits)
   void* listener = nullptr;  // acceptor side, until accepted
   int fd = -1;               // the lifeline
   std::string out, in;       // handshake bytes to write / read so far
   std::string peer;          // "ip:port" for messages
   std::vector<char> hello;
+  std::vector<char> peer_worker;  // the peer's UCX worker address, until the endpoint exists
+  Clock::time_point since = Clock::now();  // acceptor: when the connection came, for kStrangerTimeout
   ucp_ep_h ep = nullptr;
   int error = 0;
   std::string why;
@@ -192,10 +198,14 @@ struct Conn {
   std::set<Op*> ops;
 };
 
+// An accepted connection the host has not taken (or that never finished its handshake)
+// by then is dropped: strangers cannot pile up sockets.
+inline constexpr auto kStrangerTimeout = std::chrono::seconds(10);
+
 struct Listener {
   int fd = -1;
   std::string addr;
-  std::deque<uint32_t> ready;  // connections whose handshake is done, to accept
+  std::deque<uint32_t> ready;  // connections whose hello is in, to accept
 };
 
 // The packed remote key: this header, then ucp_rkey_pack's bytes (memory.cpp).
@@ -286,12 +296,13 @@ class Provider {
   void handle_event(uint64_t tag, uint32_t events);
   void handle_listener(Listener& l);
   void handle_socket(Conn& c, uint32_t events);
-  bool finish_handshake(Conn& c, const Handshake& h);
+  bool finish_handshake(Conn& c);
+  void drop_strangers();
   void watch(int fd, uint64_t tag, uint32_t events);
   Conn* find(void* conn);
   void fail(Conn& c, int code, const std::string& why);
   void retire(std::unique_ptr<Conn> c);
-  void close_locked(Conn* c, Clock::time_point cap);
+  void close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap);
   void keep_arrived(Conn& c, bool keep);
   // Worker progress under mu_, until idle or (until_idle false: a host that polls
   // again soon) one productive pass; true if anything moved.
@@ -363,6 +374,7 @@ class Provider {
   bool wake_ = false;
   hmc_net::RequestTable requests_;
   uint32_t next_conn_ = 1;
+  Clock::time_point swept_{};  // drop_strangers' last look
   uint64_t next_region_ = 1, next_put_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<void*, std::unique_ptr<Listener>> listeners_;

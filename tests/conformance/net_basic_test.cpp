@@ -190,3 +190,64 @@ TEST_CASE("net: listen, connect and accept deliver the hello intact", "[net][con
     }
   });
 }
+
+// The host reads the hello first and may refuse the connection: the provider must not
+// have acted on anything else the stranger sent, the stranger's side must fail (not
+// hang), and the listener must go on serving genuine peers.
+TEST_CASE("net: a connection refused after its hello fails the connector; the listener goes on", "[net][connect]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_NET_CAP_MSG)) return;
+    const Link local = listen_local(s);
+    const std::vector<char> strange = {'s', 't', 'r', 'a', 'n', 'g', 'e', 'r'};
+    void* stranger = nullptr;
+    REQUIRE(s.p->connect(s.state, local.addr.data(), local.addr.size(), strange.data(), strange.size(),
+                         &stranger) == HMC_PROV_OK);
+    std::vector<char> hello;
+    void* refused = s.accept(local.listener, &hello, false);
+    REQUIRE(refused != nullptr);
+    CHECK(hello == strange);
+    CHECK(s.p->close_conn(s.state, refused) == HMC_PROV_OK);
+
+    // The stranger learns it: its connection fails, or (where it was already up) a receive does.
+    int rc = s.wait_connected(stranger);
+    if (rc == HMC_PROV_OK) {
+      std::vector<char> buf(64);
+      void* req = nullptr;
+      rc = s.p->recv_msg(s.state, stranger, buf.data(), buf.size(), &req);
+      if (rc >= 0) {
+        Outcome o = s.wait(req);
+        CHECK_FALSE(o.timed_out);
+        rc = o.rc;
+      }
+    }
+    CHECK(rc < 0);
+    CHECK(s.p->close_conn(s.state, stranger) == HMC_PROV_OK);
+
+    // A genuine peer after it connects and talks both ways.
+    const std::vector<char> genuine = random_bytes(32, 7);
+    void* conn = nullptr;
+    REQUIRE(s.p->connect(s.state, local.addr.data(), local.addr.size(), genuine.data(), genuine.size(), &conn) ==
+            HMC_PROV_OK);
+    void* kept = s.accept(local.listener, &hello);
+    REQUIRE(kept != nullptr);
+    CHECK(hello == genuine);
+    REQUIRE(s.wait_connected(conn) == HMC_PROV_OK);
+    for (auto [from, to] : {std::pair{conn, kept}, std::pair{kept, conn}}) {
+      const std::vector<char> msg = random_bytes(1000, 8);
+      std::vector<char> got(msg.size());
+      void* rreq = nullptr;
+      void* sreq = nullptr;
+      REQUIRE(s.p->recv_msg(s.state, to, got.data(), got.size(), &rreq) >= 0);
+      REQUIRE(s.p->send_msg(s.state, from, msg.data(), msg.size(), &sreq) >= 0);
+      Outcome sent = s.wait(sreq), recvd = s.wait(rreq);
+      INFO(sent.message << " / " << recvd.message);
+      CHECK(sent.rc == HMC_PROV_OK);
+      REQUIRE(recvd.rc == HMC_PROV_OK);
+      CHECK(recvd.bytes == msg.size());
+      CHECK(got == msg);
+    }
+    CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, kept) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
+  });
+}

@@ -77,8 +77,10 @@ class Session {
   // back to back, never yielding or sleeping (as ucx_perftest does).
   static constexpr int kBusyPoll = -1;
   Outcome wait(void* req, std::chrono::milliseconds limit = timeout(), int spins = 0);
-  // Accepts one connection within the deadline; nullptr on timeout.
-  void* accept(void* listener, std::vector<char>* hello);
+  // Accepts one connection within the deadline and, with `keep`, keeps it as the host
+  // does once the hello passed: waits for conn_status to report it ready (net.h).
+  // nullptr on timeout, or when a kept connection failed.
+  void* accept(void* listener, std::vector<char>* hello, bool keep = true);
   // Waits for conn_status to leave "connecting".
   int wait_connected(void* conn);
   // Sleeps until the plugin wakes the host or `limit` passes.

@@ -184,7 +184,7 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
   }
 }
 
-void* Session::accept(void* listener, std::vector<char>* hello) {
+void* Session::accept(void* listener, std::vector<char>* hello, bool keep) {
   const auto deadline = Clock::now() + timeout();
   std::vector<char> buf(HMC_NET_HELLO_MAX);
   while (Clock::now() < deadline) {
@@ -193,6 +193,10 @@ void* Session::accept(void* listener, std::vector<char>* hello) {
     int rc = p->accept(state, listener, &conn, buf.data(), buf.size(), &len);
     if (rc == HMC_PROV_OK) {
       if (hello != nullptr) hello->assign(buf.begin(), buf.begin() + static_cast<long>(len));
+      if (keep && wait_connected(conn) != HMC_PROV_OK) {
+        p->close_conn(state, conn);
+        return nullptr;
+      }
       return conn;
     }
     if (rc < 0) return nullptr;

@@ -99,7 +99,14 @@ typedef struct hmc_net_provider {
                  size_t hello_len, void** conn);
   /* 0 connected, 1 still connecting, negative failed. */
   int (*conn_status)(void* state, void* conn);
-  /* 0 with *conn and hello filled when a peer connected, 1 when none waits. */
+  /* 0 with *conn and hello filled when a peer's hello came, 1 when none waits.
+   * The hello is all the host has checked: the host then either refuses the
+   * connection (close_conn) or keeps it and calls conn_status until it leaves 1.
+   * That first conn_status call is the host's word that the peer is genuine: a
+   * provider must not hand anything else the peer sent (addresses, keys) to code
+   * that trusts it before then (ucx creates its UCX endpoint only then), and may
+   * report 1 until its own setup is done. Data calls wait for conn_status 0.
+   * Connections the host does not take may be dropped after a while. */
   int (*accept)(void* state, void* listener, void** conn, void* hello, size_t hello_cap,
                 size_t* hello_len);
   int (*close_conn)(void* state, void* conn);

@@ -1,0 +1,331 @@
+// The ucx provider's connections through the provider ABI itself, where the host's
+// harness cannot go: anyone who reaches the listener's port may send a handshake. What
+// it carries beyond the hello (a UCX worker address, which UCX asserts on when
+// malformed) must reach UCX only after the host has vouched for the sender, and
+// strangers must not pile up. And a peer that is stopped, not gone, must stall only
+// the close_conn that waits for it.
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "hmc/provider/net.h"
+#include "lifeline.h"
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int no_config(void*, const char*, char*, size_t) { return 1; }
+void quiet(void*, int, const char*, const char*) {}
+void no_wake(void*) {}
+
+// The plugin, loaded and initialised with every transport UCX finds; closed on scope exit.
+struct Plugin {
+  Plugin() {
+    dl = dlopen(HMC_UCX_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    if (dl == nullptr) return;
+    auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl, HMC_NET_ENTRY_V1));
+    if (entry == nullptr) return;
+    p = entry();
+    char why[256] = {};
+    if (p->init(&host, &state, why, sizeof why) != HMC_PROV_OK) {
+      reason = why;
+      state = nullptr;
+    }
+  }
+  ~Plugin() {
+    if (state != nullptr) p->fini(state);
+    if (dl != nullptr) dlclose(dl);
+  }
+  // Polls conn_status until it leaves "in progress" or 10 s pass.
+  int wait_up(void* conn) const {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    int rc = p->conn_status(state, conn);
+    while (rc == HMC_PROV_IN_PROGRESS && Clock::now() < until) {
+      p->progress(state);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      rc = p->conn_status(state, conn);
+    }
+    return rc;
+  }
+  // Polls `req` until it ends or 10 s pass; its return code, or 1 when still pending.
+  int wait(void* req) const {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until) {
+      int done = 0;
+      size_t bytes = 0;
+      char why[256];
+      int rc = p->test(state, req, &done, &bytes, why, sizeof why);
+      if (rc < 0 || done) return rc;
+      p->progress(state);
+    }
+    return 1;
+  }
+  // accept() until a connection comes or 10 s pass; its hello in `hello`.
+  void* accept(void* listener, std::string& hello) const {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    char buf[HMC_NET_HELLO_MAX];
+    while (Clock::now() < until) {
+      void* conn = nullptr;
+      size_t len = 0;
+      if (p->accept(state, listener, &conn, buf, sizeof buf, &len) == HMC_PROV_OK) {
+        hello.assign(buf, len);
+        return conn;
+      }
+      p->progress(state);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return nullptr;
+  }
+  hmc_host_services_t host{sizeof(hmc_host_services_t), nullptr, quiet, no_config, no_wake};
+  void* dl = nullptr;
+  const hmc_net_provider_t* p = nullptr;
+  void* state = nullptr;
+  std::string reason;
+};
+
+// A blocking TCP connection to "127.0.0.1:port"; -1 on failure.
+int dial(const std::string& addr) {
+  std::string ip;
+  uint16_t port = 0;
+  if (!hmc_ucx::parse_addr(addr, ip, port)) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the far end closed `fd` within `limit`.
+bool closed_within(int fd, std::chrono::seconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) > 0) {
+      char c;
+      ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) return true;
+    }
+  }
+  return false;
+}
+
+std::string stranger_handshake(std::mt19937& rng, const std::string& hello) {
+  hmc_ucx::Handshake h;
+  h.conn = 7;
+  h.cookie = rng();
+  h.hello.assign(hello.begin(), hello.end());
+  h.worker.resize(8 + rng() % 200);
+  for (auto& b : h.worker) b = static_cast<char>(rng());
+  return hmc_ucx::encode(h);
+}
+
+}  // namespace
+
+TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the host refuses it",
+          "[ucx][handshake][stranger]") {
+  Plugin u;
+  if (u.state == nullptr) {
+    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
+    return;
+  }
+  char addr[HMC_NET_ADDR_MAX];
+  size_t addr_len = 0;
+  void* listener = nullptr;
+  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &addr_len, &listener) == HMC_PROV_OK);
+  const std::string where(addr, addr_len);
+
+  // Before the fix, UCX aborted this process on one of these (it asserts on a bad address).
+  std::mt19937 rng(20261124);
+  for (int i = 0; i < 20; ++i) {
+    int fd = dial(where);
+    REQUIRE(fd >= 0);
+    const std::string bytes = stranger_handshake(rng, "not the job's secret");
+    REQUIRE(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+    std::string hello;
+    void* conn = u.accept(listener, hello);
+    REQUIRE(conn != nullptr);
+    CHECK(hello == "not the job's secret");
+    CHECK(u.p->close_conn(u.state, conn) == HMC_PROV_OK);  // what the host does with a bad hello
+    CHECK(closed_within(fd, std::chrono::seconds(5)));
+    close(fd);
+  }
+
+  // The listener still serves a genuine peer, both ways.
+  void* out = nullptr;
+  REQUIRE(u.p->connect(u.state, addr, addr_len, "genuine", 7, &out) == HMC_PROV_OK);
+  std::string hello;
+  void* in = u.accept(listener, hello);
+  REQUIRE(in != nullptr);
+  CHECK(hello == "genuine");
+  CHECK(u.wait_up(in) == HMC_PROV_OK);
+  CHECK(u.wait_up(out) == HMC_PROV_OK);
+  CHECK(u.p->close_conn(u.state, out) == HMC_PROV_OK);
+  CHECK(u.p->close_conn(u.state, in) == HMC_PROV_OK);
+  CHECK(u.p->close_listener(u.state, listener) == HMC_PROV_OK);
+}
+
+TEST_CASE("ucx: strangers the host never takes are closed after ten seconds", "[ucx][handshake][stranger]") {
+  Plugin u;
+  if (u.state == nullptr) {
+    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
+    return;
+  }
+  char addr[HMC_NET_ADDR_MAX];
+  size_t addr_len = 0;
+  void* listener = nullptr;
+  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &addr_len, &listener) == HMC_PROV_OK);
+  const std::string where(addr, addr_len);
+  std::mt19937 rng(7);
+  int silent = dial(where);  // says nothing at all
+  int waiting = dial(where);  // sends a handshake nobody accepts
+  REQUIRE(silent >= 0);
+  REQUIRE(waiting >= 0);
+  const std::string bytes = stranger_handshake(rng, "hello");
+  REQUIRE(send(waiting, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  const auto start = Clock::now();
+  CHECK(closed_within(silent, std::chrono::seconds(20)));
+  CHECK(closed_within(waiting, std::chrono::seconds(20)));
+  CHECK(Clock::now() - start >= std::chrono::seconds(9));  // not before the timeout
+  close(silent);
+  close(waiting);
+  // Neither is handed out any more.
+  void* conn = nullptr;
+  char buf[HMC_NET_HELLO_MAX];
+  size_t len = 0;
+  CHECK(u.p->accept(u.state, listener, &conn, buf, sizeof buf, &len) == HMC_PROV_IN_PROGRESS);
+  CHECK(u.p->close_listener(u.state, listener) == HMC_PROV_OK);
+}
+
+namespace {
+
+// A child process holding one accepted, ready ucx connection and then doing nothing;
+// stopped and killed by the test, and always reaped.
+struct Peer {
+  Peer() {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(fds[0]);
+      Plugin u;
+      char addr[HMC_NET_ADDR_MAX];
+      size_t len = 0;
+      void* listener = nullptr;
+      if (u.state == nullptr || u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &len, &listener) != 0) _exit(2);
+      if (write(fds[1], addr, len) != static_cast<ssize_t>(len)) _exit(3);
+      close(fds[1]);
+      std::string hello;
+      void* conn = u.accept(listener, hello);
+      if (conn == nullptr || u.wait_up(conn) != HMC_PROV_OK) _exit(4);
+      for (;;) pause();
+    }
+    close(fds[1]);
+    char buf[HMC_NET_ADDR_MAX];
+    pollfd pf{fds[0], POLLIN, 0};
+    ssize_t n = poll(&pf, 1, 10000) > 0 ? read(fds[0], buf, sizeof buf) : -1;
+    if (n > 0) addr.assign(buf, static_cast<size_t>(n));
+    close(fds[0]);
+  }
+  ~Peer() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  pid_t pid = -1;
+  std::string addr;
+};
+
+}  // namespace
+
+// Before close_conn let the provider's lock go between its looks, a stopped peer's close
+// held it for the whole 10 s wait: every other connection and the provider's thread
+// stood still meanwhile (pings on a second connection took 10 s).
+TEST_CASE("ucx: close_conn to a stopped peer stalls no other connection", "[ucx][close][timing]") {
+  Peer peer;  // forked before this process loads the plugin
+  REQUIRE(peer.pid > 0);
+  REQUIRE_FALSE(peer.addr.empty());
+  Plugin u;
+  if (u.state == nullptr) {
+    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
+    return;
+  }
+  void* far = nullptr;
+  REQUIRE(u.p->connect(u.state, peer.addr.data(), peer.addr.size(), "far", 3, &far) == HMC_PROV_OK);
+  REQUIRE(u.wait_up(far) == HMC_PROV_OK);
+  // A second connection, to this process itself.
+  char addr[HMC_NET_ADDR_MAX];
+  size_t len = 0;
+  void* listener = nullptr;
+  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &len, &listener) == HMC_PROV_OK);
+  void* out = nullptr;
+  REQUIRE(u.p->connect(u.state, addr, len, "near", 4, &out) == HMC_PROV_OK);
+  std::string hello;
+  void* in = u.accept(listener, hello);
+  REQUIRE(in != nullptr);
+  REQUIRE(u.wait_up(in) == HMC_PROV_OK);
+  REQUIRE(u.wait_up(out) == HMC_PROV_OK);
+
+  // The peer stops with a 4 MiB send to it under way: nothing it holds can flush.
+  REQUIRE(kill(peer.pid, SIGSTOP) == 0);
+  std::vector<char> big(4 << 20, 'b');
+  void* stuck = nullptr;
+  REQUIRE(u.p->send_msg(u.state, far, big.data(), big.size(), &stuck) == HMC_PROV_OK);
+
+  std::atomic<bool> closed{false};
+  std::atomic<int> pings{0}, failed{0};
+  std::atomic<Clock::rep> worst{0};
+  std::thread pinger([&] {
+    while (!closed) {
+      const auto t0 = Clock::now();
+      char ping[8] = "ping", pong[8] = {};
+      void* r = nullptr;
+      void* s = nullptr;
+      if (u.p->recv_msg(u.state, in, pong, sizeof pong, &r) != 0 || u.p->send_msg(u.state, out, ping, sizeof ping, &s) != 0 ||
+          u.wait(s) != 0 || u.wait(r) != 0 || std::strcmp(pong, "ping") != 0) {
+        ++failed;
+        return;
+      }
+      worst = std::max(worst.load(), (Clock::now() - t0).count());
+      ++pings;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = Clock::now();
+  CHECK(u.p->close_conn(u.state, far) == HMC_PROV_OK);
+  const auto took = Clock::now() - t0;
+  closed = true;
+  pinger.join();
+  kill(peer.pid, SIGKILL);  // fini need not wait for the forced close of its endpoint
+  INFO("close_conn took " << std::chrono::duration<double>(took).count() << " s; " << pings << " pings meanwhile, the worst "
+                          << std::chrono::duration<double>(Clock::duration(worst.load())).count() << " s");
+  CHECK(took < std::chrono::seconds(15));
+  CHECK(failed == 0);
+  CHECK(pings > 10);
+  CHECK(Clock::duration(worst.load()) < std::chrono::seconds(1));
+  // The stuck send ended with the connection (close_conn fails what it leaves).
+  CHECK(u.wait(stuck) < 0);
+  CHECK(u.p->close_conn(u.state, out) == HMC_PROV_OK);
+  CHECK(u.p->close_conn(u.state, in) == HMC_PROV_OK);
+  CHECK(u.p->close_listener(u.state, listener) == HMC_PROV_OK);
+}
