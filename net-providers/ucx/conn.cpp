@@ -93,6 +93,7 @@ void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
     op->req->fail(HMC_PROV_ERR_PEER_LOST, std::string("ucp_am_send_nbx: ") +
                                               ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
     delete op;
+    broken(c, UCS_PTR_STATUS(r));
   } else {
     c.ops.insert(op);
   }
@@ -112,8 +113,17 @@ void Provider::send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, ui
   if (UCS_PTR_IS_PTR(r)) {
     c.ops.insert(op);
   } else {
-    delete op;  // done at once, or failed: the endpoint's error handler reports that
+    delete op;
+    if (UCS_PTR_IS_ERR(r)) broken(c, UCS_PTR_STATUS(r));
   }
+}
+
+// A call on the endpoint failed at once: the endpoint is broken, and the message
+// numbering with it (the peer would wait for the lost sequence number for ever, and
+// with shared memory only no error handler would say so). The connection fails as
+// when UCX's error handler reports it: from drive(), outside the callback we may be in.
+void Provider::broken(Conn& c, ucs_status_t status) {
+  broken_.emplace_back(c.id, status);
 }
 
 int Provider::send_msg(void* conn, const void* buf, size_t len, void** req) {

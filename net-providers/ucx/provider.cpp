@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 
 namespace hmc_ucx {
 
@@ -101,13 +102,21 @@ bool Provider::drive(bool until_idle) {
       errors.swap(errors_);
       errors_pending_.store(false, std::memory_order_relaxed);
     }
-    bool more = !errors.empty() || !pending_.empty();
-    for (auto [ep, status] : errors) on_ep_error(ep, status);
+    bool more = !errors.empty() || !pending_.empty() || !broken_.empty();
+    // Messages first: what arrived whole in the same progress as the peer's failure is
+    // handed out in order before the failure drops the rest of the inbox.
     auto pending = std::move(pending_);
     pending_.clear();
     for (uint32_t id : pending) {
       auto it = conns_.find(id);
       if (it != conns_.end()) pump(*it->second);
+    }
+    for (auto [ep, status] : errors) on_ep_error(ep, status);
+    for (auto [id, status] : std::exchange(broken_, {})) {
+      auto it = conns_.find(id);
+      if (it != conns_.end())
+        fail(*it->second, HMC_PROV_ERR_PEER_LOST,
+             std::string("peer lost: ") + ucs_status_string(status) + " (" + it->second->peer + ")");
     }
     moved |= more;
     if ((n == 0 || !until_idle) && !more) break;

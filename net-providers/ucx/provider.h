@@ -325,6 +325,7 @@ class Provider {
   void complete_ready(Conn& c);
   void* fetch(Incoming& m, Op* op, void* dest);
   void release_held(Conn& c);
+  void broken(Conn& c, ucs_status_t status);
   void drop(Incoming& m);
 
   // memory.cpp: mappings, regions, allocations.
@@ -383,6 +384,7 @@ class Provider {
   std::vector<void*> closing_;  // ep closes in flight
   std::vector<ucp_rkey_h> dead_rkeys_;  // destroyed once no put can use them
   std::set<uint32_t> pending_;  // connections with inbox or held work after a callback
+  std::vector<std::pair<uint32_t, ucs_status_t>> broken_;  // connections to fail in drive() (broken())
   std::mutex errors_mu_;  // taken alone, never while calling UCP
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors_;  // endpoint failures to handle
   std::atomic<bool> errors_pending_{false};  // errors_ may be non-empty (set under errors_mu_)

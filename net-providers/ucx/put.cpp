@@ -141,6 +141,7 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
     delete put;
     put_finished(c, p.req, 0, HMC_PROV_ERR_PEER_LOST,
                  std::string("ucp_put_nbx: ") + ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
+    broken(c, UCS_PTR_STATUS(r));
     return;
   }
   if (r == nullptr) delete put;
@@ -161,6 +162,7 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   if (UCS_PTR_IS_ERR(r)) {
     put_finished(c, p.req, 0, HMC_PROV_ERR_PEER_LOST,
                  std::string("ucp_ep_flush_nbx: ") + ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
+    broken(c, UCS_PTR_STATUS(r));
   } else {
     put_finished(c, p.req, p.len, HMC_PROV_OK, {});
   }
@@ -197,10 +199,11 @@ void Provider::start_am_put(Conn& c, PendingPut p, const VerifiedKey& k) {
     return;
   }
   delete op;
-  if (UCS_PTR_IS_ERR(r))
+  if (UCS_PTR_IS_ERR(r)) {
     am_put_step(c, p.id, true, HMC_PROV_ERR_PEER_LOST,
                 std::string("ucp_am_send_nbx: ") + ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
-  else
+    broken(c, UCS_PTR_STATUS(r));
+  } else
     am_put_step(c, p.id, true, HMC_PROV_OK, {});
 }
 
