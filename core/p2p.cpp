@@ -10,6 +10,9 @@
 namespace hmc::core {
 namespace {
 
+// Passes over a lost peer's connection before the loss is marked (progress()).
+constexpr int kDrainPasses = 64;
+
 Status from_provider(int rc, const char* msg, const std::string& who) {
   ErrorCode code = ErrorCode::kInternal;
   switch (rc) {
@@ -22,7 +25,9 @@ Status from_provider(int rc, const char* msg, const std::string& who) {
     case HMC_PROV_ERR_REFUSED: code = ErrorCode::kRefused; break;
     default: break;
   }
-  std::string text = msg && *msg ? msg : "provider error " + std::to_string(rc);
+  std::string text = msg && *msg                     ? std::string(msg)
+                     : rc == HMC_PROV_ERR_PEER_LOST ? "the connection is gone (the peer closed it or exited)"
+                                                    : "provider error " + std::to_string(rc);
   if (code == ErrorCode::kPeerLost && text.rfind("peer lost", 0) == 0) text = text.substr(std::min<std::size_t>(text.size(), 11));
   return {code, who + ": " + text};
 }
@@ -582,13 +587,20 @@ bool CommImpl::progress_peer(Peer& p) {
 bool CommImpl::progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_.load() != 0) return false;
-  if (lost_changed_.exchange(false)) {
-    for (int r : bootstrap_->lost_peers())
-      if (r != rank_) mark_lost(peers_[r], {ErrorCode::kPeerLost, describe(peers_[r]) + " left the job (control plane lost it)"});
-  }
   bool any = dev_.poll();
   for (auto& p : peers_)
     if (p.net) any |= progress_peer(p);
+  // The control plane may learn of a peer's end before its connection does: what the
+  // connection already holds (its last messages, a FIN) is taken first (a bounded number
+  // of passes), then the loss fails what is still pending.
+  if (lost_changed_.exchange(false)) {
+    for (int r : bootstrap_->lost_peers()) {
+      if (r == rank_ || !peers_[r].lost.ok()) continue;
+      Peer& p = peers_[r];
+      for (int pass = 0; p.net && pass < kDrainPasses && progress_peer(p); ++pass) {}
+      mark_lost(p, {ErrorCode::kPeerLost, describe(p) + " left the job (control plane lost it)"});
+    }
+  }
   // Copies still running on a device count as movement, as in collectives/ccl.cpp: their
   // end wakes nobody, so a waiter that slept through it (kQuietTime, then 1 ms) left the
   // FIN behind it unsent. On 2 H200s one 64 MiB stream in a few ran at 0.93-0.96 of

@@ -265,3 +265,32 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
   REQUIRE(Communicator::create(ctx.value(), id, 3, 2).status().code() == ErrorCode::kInvalidArgument);
   REQUIRE(UniqueId::parse("nonsense").status().code() == ErrorCode::kInvalidArgument);
 }
+
+// The control plane may hear of a peer's end before its connection has handed over all
+// it delivered: messages sent before the end still arrive, in order, and the loss shows
+// after them. Rank 0 stays out of HMC until the end is known (no progress runs meanwhile).
+TEST_CASE("messages a peer sent before it died are received before its loss shows", "[errors][peer-lost]") {
+  with_killed_peer([](RankEnv& e) {
+    constexpr int kMessages = 24;
+    HMC_EXPECT_OK(e.comm.barrier());
+    if (e.rank == 1) {
+      for (int i = 0; i < kMessages; ++i) {
+        std::vector<uint8_t> msg = test::random_bytes(200, 100 + i);
+        HMC_EXPECT_OK(e.comm.send(msg.data(), msg.size(), 0, static_cast<uint64_t>(i)));
+      }
+      raise(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // the control plane learns of it
+    for (int i = 0; i < kMessages; ++i) {
+      std::vector<uint8_t> got(200, 0);
+      Status s = e.comm.recv(got.data(), got.size(), 1, static_cast<uint64_t>(i));
+      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
+      HMC_EXPECT(got == test::random_bytes(200, 100 + i), "message " + std::to_string(i) + " differs");
+    }
+    uint8_t byte = 0;
+    Status lost = e.comm.recv(&byte, 1, 1, 999);
+    HMC_EXPECT(lost.code() == ErrorCode::kPeerLost, lost.to_string());
+    e.comm.abort();
+    return 0;
+  });
+}
