@@ -251,9 +251,9 @@ int Provider::conn_status(void* conn) {
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
   if (c->state == Conn::kChecking) {
     // Acceptor: the host checked the hello and keeps the connection; now the endpoint.
-    if (!finish_handshake(*c)) return c->error;
+    const int rc = finish_handshake(*c) ? HMC_PROV_IN_PROGRESS : c->error;
     unlock_and_wake(lock);
-    return HMC_PROV_IN_PROGRESS;
+    return rc;
   }
   if (c->state == Conn::kFailed) return c->error;
   return c->state == Conn::kOpen ? HMC_PROV_OK : HMC_PROV_IN_PROGRESS;
