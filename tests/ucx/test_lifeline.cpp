@@ -75,6 +75,19 @@ struct Plugin {
     }
     return 1;
   }
+  // True, with a warning that the case is skipped, where the plugin did not start.
+  bool missing() const {
+    if (state != nullptr) return false;
+    WARN("ucx provider unavailable here (" << reason << "): skipped");
+    return true;
+  }
+  // Listens on 127.0.0.1; the published address, empty on failure.
+  std::string listen(void*& listener) const {
+    char addr[HMC_NET_ADDR_MAX];
+    size_t len = 0;
+    if (p->listen(state, "127.0.0.1", addr, sizeof addr, &len, &listener) != HMC_PROV_OK) return {};
+    return {addr, len};
+  }
   // accept() until a connection comes or 10 s pass; its hello in `hello`.
   void* accept(void* listener, std::string& hello) const {
     const auto until = Clock::now() + std::chrono::seconds(10);
@@ -144,15 +157,10 @@ std::string stranger_handshake(std::mt19937& rng, const std::string& hello) {
 TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the host refuses it",
           "[ucx][handshake][stranger]") {
   Plugin u;
-  if (u.state == nullptr) {
-    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
-    return;
-  }
-  char addr[HMC_NET_ADDR_MAX];
-  size_t addr_len = 0;
+  if (u.missing()) return;
   void* listener = nullptr;
-  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &addr_len, &listener) == HMC_PROV_OK);
-  const std::string where(addr, addr_len);
+  const std::string where = u.listen(listener);
+  REQUIRE_FALSE(where.empty());
 
   // Before the fix, UCX aborted this process on one of these (it asserts on a bad address).
   std::mt19937 rng(20261124);
@@ -172,7 +180,7 @@ TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the
 
   // The listener still serves a genuine peer, both ways.
   void* out = nullptr;
-  REQUIRE(u.p->connect(u.state, addr, addr_len, "genuine", 7, &out) == HMC_PROV_OK);
+  REQUIRE(u.p->connect(u.state, where.data(), where.size(), "genuine", 7, &out) == HMC_PROV_OK);
   std::string hello;
   void* in = u.accept(listener, hello);
   REQUIRE(in != nullptr);
@@ -186,15 +194,10 @@ TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the
 
 TEST_CASE("ucx: strangers the host never takes are closed after ten seconds", "[ucx][handshake][stranger]") {
   Plugin u;
-  if (u.state == nullptr) {
-    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
-    return;
-  }
-  char addr[HMC_NET_ADDR_MAX];
-  size_t addr_len = 0;
+  if (u.missing()) return;
   void* listener = nullptr;
-  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &addr_len, &listener) == HMC_PROV_OK);
-  const std::string where(addr, addr_len);
+  const std::string where = u.listen(listener);
+  REQUIRE_FALSE(where.empty());
   std::mt19937 rng(7);
   int silent = dial(where);  // says nothing at all
   int waiting = dial(where);  // sends a handshake nobody accepts
@@ -229,11 +232,10 @@ struct Peer {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       close(fds[0]);
       Plugin u;
-      char addr[HMC_NET_ADDR_MAX];
-      size_t len = 0;
       void* listener = nullptr;
-      if (u.state == nullptr || u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &len, &listener) != 0) _exit(2);
-      if (write(fds[1], addr, len) != static_cast<ssize_t>(len)) _exit(3);
+      const std::string addr = u.state != nullptr ? u.listen(listener) : std::string();
+      if (addr.empty()) _exit(2);
+      if (write(fds[1], addr.data(), addr.size()) != static_cast<ssize_t>(addr.size())) _exit(3);
       close(fds[1]);
       std::string hello;
       void* conn = u.accept(listener, hello);
@@ -266,20 +268,16 @@ TEST_CASE("ucx: close_conn to a stopped peer stalls no other connection", "[ucx]
   REQUIRE(peer.pid > 0);
   REQUIRE_FALSE(peer.addr.empty());
   Plugin u;
-  if (u.state == nullptr) {
-    WARN("ucx provider unavailable here (" << u.reason << "): skipped");
-    return;
-  }
+  if (u.missing()) return;
   void* far = nullptr;
   REQUIRE(u.p->connect(u.state, peer.addr.data(), peer.addr.size(), "far", 3, &far) == HMC_PROV_OK);
   REQUIRE(u.wait_up(far) == HMC_PROV_OK);
   // A second connection, to this process itself.
-  char addr[HMC_NET_ADDR_MAX];
-  size_t len = 0;
   void* listener = nullptr;
-  REQUIRE(u.p->listen(u.state, "127.0.0.1", addr, sizeof addr, &len, &listener) == HMC_PROV_OK);
+  const std::string self = u.listen(listener);
+  REQUIRE_FALSE(self.empty());
   void* out = nullptr;
-  REQUIRE(u.p->connect(u.state, addr, len, "near", 4, &out) == HMC_PROV_OK);
+  REQUIRE(u.p->connect(u.state, self.data(), self.size(), "near", 4, &out) == HMC_PROV_OK);
   std::string hello;
   void* in = u.accept(listener, hello);
   REQUIRE(in != nullptr);
