@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <system_error>
@@ -180,10 +181,16 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
   while (true) {
     for (auto& [net, listener] : listeners_) {
       void* conn = nullptr;
-      Hello h{};
+      // Room for any hello a provider carries: a stranger's longer one is refused here,
+      // not left at the head of the provider's queue for a larger buffer.
+      static_assert(sizeof(Hello) <= HMC_NET_HELLO_MAX);
+      std::array<uint8_t, HMC_NET_HELLO_MAX> raw{};
       std::size_t hello_len = 0;
-      if (net->net->accept(net->state, listener, &conn, &h, sizeof(h), &hello_len) != 0 || !conn) continue;
-      Status ok = hello_len == sizeof(h) ? check_hello(h, net->name, secret) : Status{ErrorCode::kRefused, "malformed hello"};
+      if (net->net->accept(net->state, listener, &conn, raw.data(), raw.size(), &hello_len) != 0 || !conn) continue;
+      Hello h{};
+      if (hello_len == sizeof(h)) std::memcpy(&h, raw.data(), sizeof(h));
+      Status ok = hello_len == sizeof(h) ? check_hello(h, net->name, secret)
+                                         : Status{ErrorCode::kRefused, "malformed hello (" + std::to_string(hello_len) + " bytes)"};
       if (!ok.ok()) {
         HMC_LOG("core", warn, "refused a {} connection: {}", net->name, ok.message());
         net->net->close_conn(net->state, conn);

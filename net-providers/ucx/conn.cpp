@@ -131,6 +131,7 @@ int Provider::send_msg(void* conn, const void* buf, size_t len, void** req) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  vouch(*c);
   if (c->state == Conn::kFailed) return c->error;
   Request* r = requests_.create();
   auto* op = new Op(Op::kSend);
@@ -164,6 +165,7 @@ int Provider::recv_msg(void* conn, void* buf, size_t cap, void** req) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
+  vouch(*c);
   if (c->state == Conn::kFailed && c->unexpected.empty()) return c->error;
   auto r = std::make_unique<Recv>(static_cast<char*>(buf), cap, requests_.create());
   *req = r->req;

@@ -224,25 +224,38 @@ bool Provider::finish_handshake(Conn& c) {
   return true;
 }
 
-// Connections the host never took, or whose handshake failed or never came: closed once
-// they fail or after kStrangerTimeout. accept() skips ids that are gone.
+// Acceptor: the host's first conn_status (or, for a host that never asks, its first send
+// or receive) says it checked the hello and keeps the connection: now the endpoint. False
+// when that failed (the connection with it).
+bool Provider::vouch(Conn& c) {
+  if (c.state != Conn::kChecking) return true;
+  return finish_handshake(c);
+}
+
+// Connections the host never took: closed once they fail, after kStrangerTimeout without a
+// whole handshake (a genuine connector sends it at once), or after kUntakenTimeout with one
+// (the host may be late to accept, up to its HMC_TIMEOUT). accept() skips ids that are gone.
 void Provider::drop_strangers() {
   const auto now = Clock::now();
   if (now - swept_ < std::chrono::seconds(1)) return;
   swept_ = now;
   for (auto it = conns_.begin(); it != conns_.end();) {
     Conn& c = *it->second;
-    if (c.listener == nullptr || c.closing || (c.state != Conn::kFailed && now - c.since < kStrangerTimeout)) {
+    const auto limit = c.state == Conn::kChecking ? kUntakenTimeout : kStrangerTimeout;
+    if (c.listener == nullptr || c.closing || (c.state != Conn::kFailed && now - c.since < limit)) {
       ++it;
       continue;
     }
     if (c.state != Conn::kFailed)
-      host_.log(HMC_LOG_WARN, "dropped a connection from " + c.peer + ": not accepted within " +
-                                  std::to_string(std::chrono::seconds(kStrangerTimeout).count()) + " s");
+      host_.log(HMC_LOG_WARN, "dropped a connection from " + c.peer + ": " +
+                                  (c.state == Conn::kChecking ? "not accepted" : "no handshake") + " within " +
+                                  std::to_string(std::chrono::seconds(limit).count()) + " s");
     fail(c, HMC_PROV_ERR_CLOSED, "connection dropped");
     retire(std::move(it->second));
     it = conns_.erase(it);
   }
+  for (auto& [handle, l] : listeners_)
+    std::erase_if(l->ready, [this](uint32_t id) { return !conns_.contains(id); });
 }
 
 int Provider::conn_status(void* conn) {
@@ -250,8 +263,7 @@ int Provider::conn_status(void* conn) {
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
   if (c->state == Conn::kChecking) {
-    // Acceptor: the host checked the hello and keeps the connection; now the endpoint.
-    const int rc = finish_handshake(*c) ? HMC_PROV_IN_PROGRESS : c->error;
+    const int rc = vouch(*c) ? HMC_PROV_IN_PROGRESS : c->error;
     unlock_and_wake(lock);
     return rc;
   }

@@ -583,6 +583,9 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   const bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
   c->ep = nullptr;  // fail() leaves both to us
   c->fd = -1;
+  // Out of the thread's epoll set now: while the wait below lets mu_ go, a peer's end of
+  // the lifeline would wake the thread again and again (level-triggered) for nothing.
+  if (fd >= 0) epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
   fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
   const auto deadline =
       std::min(cap, Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10)));

@@ -198,9 +198,11 @@ struct Conn {
   std::set<Op*> ops;
 };
 
-// An accepted connection the host has not taken (or that never finished its handshake)
-// by then is dropped: strangers cannot pile up sockets.
+// A connection that has not sent its whole handshake by then is dropped, and one whose
+// hello the host has not taken (accept) by the second: strangers cannot pile up sockets.
+// The second is twice the host's default HMC_TIMEOUT, so a late host still finds its peers.
 inline constexpr auto kStrangerTimeout = std::chrono::seconds(10);
+inline constexpr auto kUntakenTimeout = std::chrono::seconds(120);
 
 struct Listener {
   int fd = -1;
@@ -297,6 +299,7 @@ class Provider {
   void handle_listener(Listener& l);
   void handle_socket(Conn& c, uint32_t events);
   bool finish_handshake(Conn& c);
+  bool vouch(Conn& c);
   void drop_strangers();
   void watch(int fd, uint64_t tag, uint32_t events);
   Conn* find(void* conn);

@@ -105,8 +105,9 @@ typedef struct hmc_net_provider {
    * That first conn_status call is the host's word that the peer is genuine: a
    * provider must not hand anything else the peer sent (addresses, keys) to code
    * that trusts it before then (ucx creates its UCX endpoint only then), and may
-   * report 1 until its own setup is done. Data calls wait for conn_status 0.
-   * Connections the host does not take may be dropped after a while. */
+   * report 1 until its own setup is done. Data calls wait for conn_status 0 (a
+   * provider may take a first send or receive as the same word, for hosts that
+   * never ask). Connections the host does not take may be dropped after a while. */
   int (*accept)(void* state, void* listener, void** conn, void* hello, size_t hello_cap,
                 size_t* hello_len);
   int (*close_conn)(void* state, void* conn);
