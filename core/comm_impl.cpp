@@ -188,9 +188,11 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
       std::size_t hello_len = 0;
       if (net->net->accept(net->state, listener, &conn, raw.data(), raw.size(), &hello_len) != 0 || !conn) continue;
       Hello h{};
-      if (hello_len == sizeof(h)) std::memcpy(&h, raw.data(), sizeof(h));
-      Status ok = hello_len == sizeof(h) ? check_hello(h, net->name, secret)
-                                         : Status{ErrorCode::kRefused, "malformed hello (" + std::to_string(hello_len) + " bytes)"};
+      Status ok{ErrorCode::kRefused, "malformed hello (" + std::to_string(hello_len) + " bytes)"};
+      if (hello_len == sizeof(h)) {
+        std::memcpy(&h, raw.data(), sizeof(h));
+        ok = check_hello(h, net->name, secret);
+      }
       if (!ok.ok()) {
         HMC_LOG("core", warn, "refused a {} connection: {}", net->name, ok.message());
         net->net->close_conn(net->state, conn);

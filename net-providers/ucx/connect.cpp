@@ -225,11 +225,10 @@ bool Provider::finish_handshake(Conn& c) {
 }
 
 // Acceptor: the host's first conn_status (or, for a host that never asks, its first send
-// or receive) says it checked the hello and keeps the connection: now the endpoint. False
-// when that failed (the connection with it).
-bool Provider::vouch(Conn& c) {
-  if (c.state != Conn::kChecking) return true;
-  return finish_handshake(c);
+// or receive) says it checked the hello and keeps the connection: now the endpoint (a
+// failure fails the connection).
+void Provider::vouch(Conn& c) {
+  if (c.state == Conn::kChecking) finish_handshake(c);
 }
 
 // Connections the host never took: closed once they fail, after kStrangerTimeout without a
@@ -262,13 +261,10 @@ int Provider::conn_status(void* conn) {
   std::unique_lock lock(mu_);
   Conn* c = find(conn);
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
-  if (c->state == Conn::kChecking) {
-    const int rc = vouch(*c) ? HMC_PROV_IN_PROGRESS : c->error;
-    unlock_and_wake(lock);
-    return rc;
-  }
-  if (c->state == Conn::kFailed) return c->error;
-  return c->state == Conn::kOpen ? HMC_PROV_OK : HMC_PROV_IN_PROGRESS;
+  vouch(*c);
+  const int rc = c->state == Conn::kFailed ? c->error : c->state == Conn::kOpen ? HMC_PROV_OK : HMC_PROV_IN_PROGRESS;
+  unlock_and_wake(lock);
+  return rc;
 }
 
 int Provider::accept(void* listener, void** conn, void* hello, size_t hello_cap, size_t* hello_len) {

@@ -114,9 +114,7 @@ bool Provider::drive(bool until_idle) {
     for (auto [ep, status] : errors) on_ep_error(ep, status);
     for (auto [id, status] : std::exchange(broken_, {})) {
       auto it = conns_.find(id);
-      if (it != conns_.end())
-        fail(*it->second, HMC_PROV_ERR_PEER_LOST,
-             std::string("peer lost: ") + ucs_status_string(status) + " (" + it->second->peer + ")");
+      if (it != conns_.end()) lose(*it->second, status);
     }
     moved |= more;
     if ((n == 0 || !until_idle) && !more) break;
@@ -629,10 +627,14 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
 void Provider::on_ep_error(ucp_ep_h ep, ucs_status_t status) {
   for (auto& [id, c] : conns_) {
     if (c->ep != ep) continue;
-    fail(*c, HMC_PROV_ERR_PEER_LOST,
-         std::string("peer lost: ") + ucs_status_string(status) + " (" + c->peer + ")");
+    lose(*c, status);
     return;
   }
+}
+
+// The peer counts as lost for the reason UCX gave.
+void Provider::lose(Conn& c, ucs_status_t status) {
+  fail(c, HMC_PROV_ERR_PEER_LOST, std::string("peer lost: ") + ucs_status_string(status) + " (" + c.peer + ")");
 }
 
 void Provider::on_error_callback(void* arg, ucp_ep_h ep, ucs_status_t status) {

@@ -285,6 +285,7 @@ class Provider {
   ucs_status_t on_am(const Wire& w, void* data, size_t len, const ucp_am_recv_param_t* param);
   void on_op_done(Op* op, ucs_status_t status, size_t length);
   void on_ep_error(ucp_ep_h ep, ucs_status_t status);
+  void lose(Conn& c, ucs_status_t status);
   // Endpoint error callback. UCX 1.13 may run it from another worker's progress
   // (two providers of one process connected over tcp), even after this
   // provider is gone: so it goes through a registry of live providers and a
@@ -299,7 +300,7 @@ class Provider {
   void handle_listener(Listener& l);
   void handle_socket(Conn& c, uint32_t events);
   bool finish_handshake(Conn& c);
-  bool vouch(Conn& c);
+  void vouch(Conn& c);
   void drop_strangers();
   void watch(int fd, uint64_t tag, uint32_t events);
   Conn* find(void* conn);

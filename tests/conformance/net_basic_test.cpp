@@ -234,17 +234,10 @@ TEST_CASE("net: a connection refused after its hello fails the connector; the li
     REQUIRE(s.wait_connected(conn) == HMC_PROV_OK);
     for (auto [from, to] : {std::pair{conn, kept}, std::pair{kept, conn}}) {
       const std::vector<char> msg = random_bytes(1000, 8);
-      std::vector<char> got(msg.size());
-      void* rreq = nullptr;
-      void* sreq = nullptr;
-      REQUIRE(s.p->recv_msg(s.state, to, got.data(), got.size(), &rreq) >= 0);
-      REQUIRE(s.p->send_msg(s.state, from, msg.data(), msg.size(), &sreq) >= 0);
-      Outcome sent = s.wait(sreq), recvd = s.wait(rreq);
-      INFO(sent.message << " / " << recvd.message);
-      CHECK(sent.rc == HMC_PROV_OK);
-      REQUIRE(recvd.rc == HMC_PROV_OK);
-      CHECK(recvd.bytes == msg.size());
-      CHECK(got == msg);
+      Recv r;
+      post_recv(s, to, r, msg.size());
+      check_sent(s, post_send(s, from, msg), msg.size());
+      check_recv(s, r, msg);
     }
     CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
     CHECK(s.p->close_conn(s.state, kept) == HMC_PROV_OK);

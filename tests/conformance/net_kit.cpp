@@ -1,4 +1,4 @@
-// Catch half of the net kit harness: connected pairs, the per-plugin loop,
+// Catch half of the net kit harness: connected pairs, message checks, the per-plugin loop,
 // child processes and the program's main.
 #define CATCH_CONFIG_RUNNER
 #include "net_kit.h"
@@ -36,6 +36,40 @@ Link connect_pair(Session& a, Session& b) {
   REQUIRE(got == hello);
   REQUIRE(a.wait_connected(link.a) == HMC_PROV_OK);
   return link;
+}
+
+void post_recv(Session& s, void* conn, Recv& r, size_t cap) {
+  r.cap = cap;
+  r.buf.assign(cap + kSlack, static_cast<char>(kPoison));
+  REQUIRE(s.p->recv_msg(s.state, conn, r.buf.data(), cap, &r.req) >= 0);
+  REQUIRE(r.req != nullptr);
+}
+
+void* post_send(Session& s, void* conn, const std::vector<char>& data) {
+  void* req = nullptr;
+  REQUIRE(s.p->send_msg(s.state, conn, data.data(), data.size(), &req) >= 0);
+  REQUIRE(req != nullptr);
+  return req;
+}
+
+void check_recv(Session& s, Recv& r, const std::vector<char>& want) {
+  Outcome o = s.wait(r.req);
+  INFO("receive of " << want.size() << " bytes: rc " << o.rc << " " << o.message);
+  REQUIRE_FALSE(o.timed_out);
+  REQUIRE(o.rc == HMC_PROV_OK);
+  CHECK(o.done);
+  CHECK(o.bytes == want.size());
+  CHECK(first_diff(r.buf.data(), want.data(), want.size()) == want.size());
+  const size_t tail = r.buf.size() - want.size();
+  CHECK(first_not(r.buf.data() + want.size(), tail, kPoison) == tail);
+}
+
+void check_sent(Session& s, void* req, size_t len) {
+  Outcome o = s.wait(req);
+  INFO("send of " << len << " bytes: rc " << o.rc << " " << o.message);
+  REQUIRE_FALSE(o.timed_out);
+  CHECK(o.rc == HMC_PROV_OK);
+  CHECK(o.done);
 }
 
 void for_each_plugin(const std::function<void(Session&)>& body) {

@@ -110,6 +110,20 @@ Link connect_pair(Session& a, Session& b);
 // Listens on 127.0.0.1 (Link::listener and Link::addr set); Catch REQUIREs on failure.
 Link listen_local(Session& s);
 
+// Messages with their checks (Catch REQUIREs on failure). A receive buffer has kSlack
+// poisoned bytes past its capacity, which check_recv checks are untouched.
+inline constexpr size_t kSlack = 64;
+struct Recv {
+  std::vector<char> buf;
+  size_t cap = 0;
+  void* req = nullptr;
+};
+void post_recv(Session& s, void* conn, Recv& r, size_t cap);
+void* post_send(Session& s, void* conn, const std::vector<char>& data);
+// The receive got exactly `want`, and nothing past it was written.
+void check_recv(Session& s, Recv& r, const std::vector<char>& want);
+void check_sent(Session& s, void* req, size_t len);
+
 // Runs `body` once per plugin, each in its own section; unavailable plugins are skipped.
 void for_each_plugin(const std::function<void(Session&)>& body);
 

@@ -10,53 +10,6 @@
 
 using namespace hmc_conformance;
 
-namespace {
-
-constexpr size_t kSlack = 64;  // poisoned bytes past each receive buffer's capacity
-
-struct Recv {
-  std::vector<char> buf;
-  size_t cap = 0;
-  void* req = nullptr;
-};
-
-void post_recv(Session& s, void* conn, Recv& r, size_t cap) {
-  r.cap = cap;
-  r.buf.assign(cap + kSlack, static_cast<char>(kPoison));
-  REQUIRE(s.p->recv_msg(s.state, conn, r.buf.data(), cap, &r.req) >= 0);
-  REQUIRE(r.req != nullptr);
-}
-
-void* post_send(Session& s, void* conn, const std::vector<char>& data) {
-  void* req = nullptr;
-  REQUIRE(s.p->send_msg(s.state, conn, data.data(), data.size(), &req) >= 0);
-  REQUIRE(req != nullptr);
-  return req;
-}
-
-// The receive got exactly `want`, and nothing past it was written.
-void check_recv(Session& s, Recv& r, const std::vector<char>& want) {
-  Outcome o = s.wait(r.req);
-  INFO("receive of " << want.size() << " bytes: rc " << o.rc << " " << o.message);
-  REQUIRE_FALSE(o.timed_out);
-  REQUIRE(o.rc == HMC_PROV_OK);
-  CHECK(o.done);
-  CHECK(o.bytes == want.size());
-  CHECK(first_diff(r.buf.data(), want.data(), want.size()) == want.size());
-  const size_t tail = r.buf.size() - want.size();
-  CHECK(first_not(r.buf.data() + want.size(), tail, kPoison) == tail);
-}
-
-void check_sent(Session& s, void* req, size_t len) {
-  Outcome o = s.wait(req);
-  INFO("send of " << len << " bytes: rc " << o.rc << " " << o.message);
-  REQUIRE_FALSE(o.timed_out);
-  CHECK(o.rc == HMC_PROV_OK);
-  CHECK(o.done);
-}
-
-}  // namespace
-
 TEST_CASE("net: messages arrive whole and in order, both ways, posted early or late",
           "[net][msg]") {
   for_each_plugin([](Session& s) {

@@ -197,6 +197,17 @@ std::string stranger_handshake(std::mt19937& rng, const std::string& hello) {
   return hmc_ucx::encode(h);
 }
 
+// A stranger at `where` that has sent a whole handshake with `hello` and a random worker
+// address; its socket, or -1.
+int stranger(const std::string& where, std::mt19937& rng, const std::string& hello) {
+  int fd = dial(where);
+  if (fd < 0) return -1;
+  const std::string bytes = stranger_handshake(rng, hello);
+  if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) return fd;
+  close(fd);
+  return -1;
+}
+
 }  // namespace
 
 TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the host refuses it",
@@ -210,10 +221,8 @@ TEST_CASE("ucx: a stranger's malformed worker address never reaches UCX when the
   // Before the fix, UCX aborted this process on one of these (it asserts on a bad address).
   std::mt19937 rng(20261124);
   for (int i = 0; i < 20; ++i) {
-    int fd = dial(where);
+    int fd = stranger(where, rng, "not the job's secret");
     REQUIRE(fd >= 0);
-    const std::string bytes = stranger_handshake(rng, "not the job's secret");
-    REQUIRE(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
     std::string hello;
     void* conn = u.accept(listener, hello);
     REQUIRE(conn != nullptr);
@@ -266,12 +275,10 @@ TEST_CASE("ucx: a connection without a handshake is closed after ten seconds; on
   const std::string where = u.listen(listener);
   REQUIRE_FALSE(where.empty());
   std::mt19937 rng(7);
-  int silent = dial(where);   // says nothing at all
-  int waiting = dial(where);  // sends its handshake; the host is late to accept it
+  int silent = dial(where);                   // says nothing at all
+  int waiting = stranger(where, rng, "late");  // the host is late to accept it
   REQUIRE(silent >= 0);
   REQUIRE(waiting >= 0);
-  const std::string bytes = stranger_handshake(rng, "late");
-  REQUIRE(send(waiting, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
   const auto start = Clock::now();
   CHECK(closed_within(silent, std::chrono::seconds(20)));
   CHECK(Clock::now() - start >= std::chrono::seconds(9));  // not before the timeout
