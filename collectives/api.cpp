@@ -312,7 +312,7 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
 Request barrier(Communicator& comm, const CollOptions& opt) {
   Call c(comm, CollKind::kBarrier, opt);
   if (!c.status().ok()) return c.run(nullptr);
-  c.ccl = coll::CclWork{CollKind::kBarrier};  // no data: one round of the shared segments
+  c.ccl = coll::CclWork{.kind = CollKind::kBarrier};  // no data: one round of the shared segments
   return c.run([](Plan& p, Algo) -> Status { return p.size == 1 ? Status{} : coll::barrier_dissemination(p); });
 }
 

@@ -35,7 +35,7 @@ struct CclWork {
   std::size_t recv_bytes = 0;
   std::size_t count = 0;       // all_gather, reduce_scatter, all_to_all: per rank
   DataType dtype = DataType::kUint8;
-  std::optional<ReduceOp> op;
+  std::optional<ReduceOp> op = std::nullopt;
   int root = 0;
   std::size_t result_bytes = 0;  // what Request::bytes reports
 };
