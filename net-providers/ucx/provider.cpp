@@ -451,7 +451,7 @@ Provider::~Provider() {
   std::vector<uint32_t> ids;
   for (auto& [id, c] : conns_) ids.push_back(id);
   const auto cap = Clock::now() + std::chrono::seconds(2);
-  for (uint32_t id : ids) close_locked(lock, conns_[id].get(), cap);
+  for (uint32_t id : ids) close_locked(lock, conns_[id].get(), cap, true);
   for (auto& [k, l] : listeners_) close(l->fd);
   listeners_.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -574,11 +574,11 @@ int Provider::close_conn(void* conn) {
 // close_conn's work, under mu_ (`lock`); waits until `cap` at the latest. A wait past the
 // first millisecond lets mu_ go between looks, so that a peer that flushes nothing (stopped,
 // not gone) stalls only this call, not the other connections and the provider's thread.
-void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap) {
+void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap, bool force_stuck) {
   c->closing = true;  // nobody else frees it meanwhile (close_conn refuses, strangers skip it)
   ucp_ep_h ep = c->ep;
   const int fd = c->fd;
-  const bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
+  bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
   c->ep = nullptr;  // fail() leaves both to us
   c->fd = -1;
   // Out of the thread's epoll set now: while the wait below lets mu_ go, a peer's end of
@@ -595,6 +595,18 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     lock.lock();
   };
+  // fini: an endpoint whose operations UCX still holds (a peer stopped, not gone, takes
+  // nothing) never ends a flushing close, and UCX 1.13 aborts the process in
+  // ucp_worker_destroy on such an endpoint (requests still on it). What has not moved by
+  // `cap` is forced off.
+  if (force_stuck && !gone && ep != nullptr) {
+    while (!c->ops.empty() && Clock::now() < cap) look();
+    if (!c->ops.empty()) {
+      host_.log(HMC_LOG_WARN, "fini: " + c->peer + " took nothing for " + std::to_string(c->ops.size()) +
+                                  " operation(s); its endpoint is closed by force");
+      gone = true;
+    }
+  }
   void* closing = nullptr;
   if (ep != nullptr) {
     ucp_request_param_t p{};

@@ -306,7 +306,8 @@ class Provider {
   Conn* find(void* conn);
   void fail(Conn& c, int code, const std::string& why);
   void retire(std::unique_ptr<Conn> c);
-  void close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap);
+  // close_conn's work; `force_stuck` (fini): operations UCX still holds at `cap` are forced off.
+  void close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::time_point cap, bool force_stuck = false);
   void keep_arrived(Conn& c, bool keep);
   // Worker progress under mu_, until idle or (until_idle false: a host that polls
   // again soon) one productive pass; true if anything moved.
