@@ -11,6 +11,8 @@
 #           waited for with Request::wait and (--lat-poll) polled with Request::test;
 #           and with --put the bandwidth of one-sided puts (Communicator::put,
 #           4 in flight, into the peer's registered buffer): what ucp_put_bw does;
+#           and with --put --notify the same puts each carrying a notification
+#           the target takes in order: the least any two-sided transfer does;
 #   UCX     ucx_perftest, server and client on 127.0.0.1, its own ucp_mem_map'd
 #           buffers: ucp_put_bw -s SIZE (one-way puts, no synchronisation per
 #           message: the issue's reference), tag_bw -s SIZE (UCX's own two-sided
@@ -63,10 +65,10 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else pr
 # messages SIZE -> how many both sides run at that size
 messages() { if [ "$(bytes_of "$1")" -ge 1048576 ]; then echo "$iters_large"; else echo "$iters"; fi; }
 
-# hmc SIZE TLS [--put] -> "GBps lat_us eager_limit" of the 0->1 pair
+# hmc SIZE TLS [hmc-probe flags] -> "GBps lat_us eager_limit" of the 0->1 pair
 hmc() {
   UCX_TLS=$2 HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx timeout "$run_timeout" \
-    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" ${3:-} \
+    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" "${@:3}" \
     > "$scratch/hmc" 2>&1 || {
     echo "compare-ucx: hmc-probe failed:" >&2; cat "$scratch/hmc" >&2; return 1; }
   awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7, $8; found = 1 } END { exit !found }' "$scratch/hmc" || {
@@ -87,20 +89,22 @@ perftest() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s %5s | %9s %9s | %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" "HMC put" \
-  "put_bw" "s/r:put" "put:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio polled ratio am_lat
+printf "%-5s %6s %5s | %9s %9s %9s | %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" \
+  "HMC put" "put+ntf" "put_bw" "s/r:put" "put:put" "p+n:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio polled ratio am_lat
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$(messages "$size")
-    for f in hb hp hl hq ub ul tb al; do : > "$scratch/$f"; done
+    for f in hb hp hn hl hq ub ul tb al; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat eager < <(hmc "$size" "$tls")
       echo "$gbps" >> "$scratch/hb"; echo "$lat" >> "$scratch/hl"
       read -r gbps _ _ < <(hmc "$size" "$tls" --put)
       echo "$gbps" >> "$scratch/hp"
+      read -r gbps _ _ < <(hmc "$size" "$tls" --put --notify)
+      echo "$gbps" >> "$scratch/hn"
       # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall (MB/s = MiB/s)
       perftest "$tls" ucp_put_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
       perftest "$tls" tag_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
@@ -111,7 +115,7 @@ for tls in $tls_list; do
         perftest "$tls" ucp_am_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/al"
       fi
     done
-    hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
+    hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/ul" ]; then
       hl=$(median < "$scratch/hl"); hq=$(median < "$scratch/hq"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
       lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" \
@@ -119,12 +123,14 @@ for tls in $tls_list; do
     else
       lat_cols=$(printf "%7s %7s %6s %6s %7s %7s" "" "" "" "" "" "")
     fi
-    printf "%-5s %6s %5s | %9.3f %9.3f | %9.3f %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" "$hp" "$ub" \
-      "$(ratio "$hb" "$ub")" "$(ratio "$hp" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$lat_cols"
+    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f | %9.3f %s %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" "$hp" \
+      "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hp" "$ub")" "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" \
+      "$lat_cols"
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous put);"
-echo "HMC put: the same with --put (Communicator::put stream); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw,"
+echo "HMC put: the same with --put (Communicator::put stream); put+ntf: --put --notify (each put notifies, the target waits"
+echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw, p+n:put = put+ntf / put_bw,"
 echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
 echo "back to back, as ucx_perftest polls); ratios against tag_lat."

@@ -14,6 +14,9 @@
 #   6. --memory malloc: heap buffers still give a shm row with a bandwidth; an unknown
 #      kind is refused.
 #   7. --lat-poll over ucx: the matrix says its latency was polled, and gives one.
+#   8. --put --notify over ucx and over shm: the matrix measures notified puts (the
+#      target checks that every notification came, in order; hmc-probe fails if not);
+#      --notify without --put is refused.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -63,4 +66,13 @@ fi
 UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/poll" "$probe" --local 2 --timeout 60 -b 64K -n 20 --lat-poll
 check "--lat-poll: the matrix says the latency was polled" 'half a round trip of 8 B, polled' "$scratch/poll"
 check "--lat-poll: 0->1 over ucx with a latency" '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' +32K ' "$scratch/poll"
+for net in ucx shm; do
+  UCX_TLS=shm HMC_PATH=$net run "$scratch/notify-$net" "$probe" --local 2 --timeout 60 -b 64K -n 200 --put --notify
+  check "--put --notify over $net: the matrix measures notified puts" 'with 64 KiB notified puts' "$scratch/notify-$net"
+  check "--put --notify over $net: 0->1 with a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +'$net' +'"$positive"' ' "$scratch/notify-$net"
+done
+if timeout 60 "$probe" --local 2 --notify > "$scratch/notify-alone" 2>&1; then
+  echo "FAILED: --notify without --put was accepted"; cat "$scratch/notify-alone"; fail=1
+fi
+check "--notify without --put: refused with the reason" 'goes with --put' "$scratch/notify-alone"
 exit $fail

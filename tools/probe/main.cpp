@@ -5,6 +5,7 @@
 //   hmc-probe --local N        N ranks here: the path matrix with reasons and measured figures
 //   --device cuda / cuda@0     ... with buffers on GPUs (GPU<->GPU), or rank 0 only (GPU<->CPU)
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
+//   --put --notify             ... of puts that each carry a notification the target waits for
 //   --lat-poll                 ... latency with Request::test polled back to back
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
   app.add_flag("--put", opt.put,
                "--local bandwidth of one-sided puts (Communicator::put, 4 in flight, into the peer's registered "
                "buffer) instead of send/recv; host buffers only");
+  app.add_flag("--notify", opt.notify,
+               "with --put: every put carries a notification (its number), and the time runs until the target "
+               "took the last one with Communicator::wait_notify");
   app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
   auto* config_cmd = app.add_subcommand("config", "print the configuration table");
   CLI11_PARSE(app, argc, argv);
@@ -77,6 +81,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.bytes = *bytes;
+  if (opt.notify && !opt.put) {
+    std::fprintf(stderr, "hmc-probe: --notify goes with --put\n");
+    return 2;
+  }
   if (auto spec = tools::parse_device_spec(opt.device); !spec) {
     std::fprintf(stderr, "hmc-probe: %s\n", spec.status().message().c_str());
     return 2;
@@ -92,6 +100,7 @@ int main(int argc, char** argv) {
                                      "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
     if (json) args.push_back("--json");
     if (opt.put) args.push_back("--put");
+    if (opt.notify) args.push_back("--notify");
     if (opt.lat_poll) args.push_back("--lat-poll");
     args.insert(args.end(), {"-m", opt.memory});
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);

@@ -67,21 +67,34 @@ Result<std::vector<RemoteKey>> all_keys(Communicator& c, const RemoteKey& mine) 
 
 // The sender puts `iters` times into the peer's buffer (kWindow in flight), then tells the
 // peer it is done; the time runs until the last put completed (its data is in the peer's
-// memory).
-Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, const RemoteKey& key, int iters) {
+// memory). With `notify`, every put carries its number and the time runs until the target
+// has taken every notification (Communicator::wait_notify), each checked to come in order.
+Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, const RemoteKey& key, int iters,
+                             bool notify) {
   uint8_t done = 0;
-  if (!sender) {
-    HMC_RETURN_IF_ERROR(c.recv(&done, 1, peer, kAckTag));
-    return 0.0;
-  }
+  uint64_t seq = 0;
   double gbps = 0;
   for (int round = 0; round < 2; ++round) {  // round 0 also has the key checked
     int n = round == 0 ? warmup_count(iters) : iters;
+    if (!sender) {
+      for (int i = 0; notify && i < n; ++i, ++seq) {
+        auto v = c.wait_notify(peer);
+        if (!v) return v.status();
+        if (v.value() != seq)
+          return Status(ErrorCode::kInternal, "notification " + std::to_string(v.value()) + " came where " +
+                                                  std::to_string(seq) + " was due");
+      }
+      if (notify) HMC_RETURN_IF_ERROR(c.send(&done, 1, peer, kAckTag));
+      continue;
+    }
     auto t0 = Clock::now();
-    HMC_RETURN_IF_ERROR(windowed(n, [&] { return c.put(peer, buf.data(), buf.size(), key, 0); }));
+    HMC_RETURN_IF_ERROR(windowed(n, [&] {
+      return notify ? c.put(peer, buf.data(), buf.size(), key, 0, seq++) : c.put(peer, buf.data(), buf.size(), key, 0);
+    }));
+    if (notify) HMC_RETURN_IF_ERROR(c.recv(&done, 1, peer, kAckTag));
     gbps = static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
   }
-  HMC_RETURN_IF_ERROR(c.send(&done, 1, peer, kAckTag));
+  if (!notify) HMC_RETURN_IF_ERROR(sender ? c.send(&done, 1, peer, kAckTag) : c.recv(&done, 1, peer, kAckTag));
   return gbps;
 }
 
@@ -177,7 +190,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       HMC_RETURN_IF_ERROR(c.barrier());
       if (c.rank() != a && c.rank() != b) continue;
       int peer = c.rank() == a ? b : a;
-      auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters)
+      auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters, opt.notify)
                         : bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_poll);

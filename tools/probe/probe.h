@@ -27,6 +27,7 @@ struct MeasureOptions {
   int lat_iters = 2000;
   std::string device = "cpu";  // --device: provider[:index][@ranks] (tools/common/device_spec.h)
   bool put = false;  // --put: bandwidth of one-sided puts into the peer's registered buffer
+  bool notify = false;  // --notify: every put carries a notification the target waits for
   bool lat_poll = false;  // --lat-poll: latency with Request::test polled back to back, not wait()
   std::string memory = "shareable";  // --memory: host buffers from kShareable, kDefault or malloc
 };

@@ -65,7 +65,7 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
                   double tcp_ref) {
   const std::size_t bytes = opt.bytes;
   std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B%s)\n",
-              size, human(bytes).c_str(), opt.put ? "puts" : "messages", opt.lat_poll ? ", polled" : "");
+              size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages", opt.lat_poll ? ", polled" : "");
   std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s  %-7s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
               "lat us", "eager", "why");
   for (const auto& f : figs)
@@ -85,7 +85,7 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
 
 nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                            double tcp_ref) {
-  nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? "put" : "send/recv"},
+  nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? (opt.notify ? "put+notify" : "put") : "send/recv"},
                       {"latency_wait", opt.lat_poll ? "poll" : "wait"},
                       {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
   j["pairs"] = nlohmann::json::array();
