@@ -1,9 +1,14 @@
 #include "common/region_table.h"
 
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <mutex>
+#include <new>
 #include <random>
 
 namespace hmc_net {
@@ -27,6 +32,35 @@ uint64_t random_key() {
 
 }  // namespace
 
+RegionTable::~RegionTable() {
+  if (shared_ != nullptr) munmap(shared_, kSharedSlots * sizeof(RegionDesc));
+  if (shared_file_.fd >= 0) close(static_cast<int>(shared_file_.fd));
+}
+
+bool RegionTable::share_descriptors(std::string& why) {
+  std::lock_guard lock(mu_);
+  if (shared_ != nullptr) return true;
+  if (!slots_.empty()) {
+    why = "descriptors can be shared only before the first registration";
+    return false;
+  }
+  const size_t bytes = kSharedSlots * sizeof(RegionDesc);
+  const int fd = memfd_create("hmc-regions", MFD_CLOEXEC);
+  struct stat st {};
+  void* base = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fstat(fd, &st) == 0)
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    why = std::string("memfd for region descriptors: ") + std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  shared_ = static_cast<RegionDesc*>(base);
+  for (uint64_t i = 0; i < kSharedSlots; ++i) new (&shared_[i]) RegionDesc{};  // zeroes, as the file is
+  shared_file_ = RegionFile{fd, 0, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  return true;
+}
+
 void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   uint64_t key = random_key();
   std::lock_guard lock(mu_);
@@ -37,6 +71,7 @@ void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   } else {
     s = &slots_.emplace_back();
     s->id = slots_.size() - 1;
+    if (shared_ != nullptr && s->id < kSharedSlots) s->desc = &shared_[s->id];
   }
   s->ptr = static_cast<char*>(ptr);
   s->len = len;
@@ -46,14 +81,14 @@ void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
                     len,         static_cast<uint64_t>(file.fd),
                     file.offset, file.dev,
                     file.ino,    0};
-  s->desc.addr.store(d.addr, std::memory_order_relaxed);
-  s->desc.len.store(d.len, std::memory_order_relaxed);
-  s->desc.file_fd.store(d.file_fd, std::memory_order_relaxed);
-  s->desc.file_offset.store(d.file_offset, std::memory_order_relaxed);
-  s->desc.file_dev.store(d.file_dev, std::memory_order_relaxed);
-  s->desc.file_ino.store(d.file_ino, std::memory_order_relaxed);
-  s->desc.check.store(desc_check(d), std::memory_order_relaxed);
-  s->desc.key.store(key, std::memory_order_release);
+  s->desc->addr.store(d.addr, std::memory_order_relaxed);
+  s->desc->len.store(d.len, std::memory_order_relaxed);
+  s->desc->file_fd.store(d.file_fd, std::memory_order_relaxed);
+  s->desc->file_offset.store(d.file_offset, std::memory_order_relaxed);
+  s->desc->file_dev.store(d.file_dev, std::memory_order_relaxed);
+  s->desc->file_ino.store(d.file_ino, std::memory_order_relaxed);
+  s->desc->check.store(desc_check(d), std::memory_order_relaxed);
+  s->desc->key.store(key, std::memory_order_release);
   live_.insert(s);
   return s;
 }
@@ -62,8 +97,8 @@ bool RegionTable::remove(void* handle) {
   std::lock_guard lock(mu_);
   auto* s = static_cast<Slot*>(handle);
   if (live_.erase(s) == 0) return false;
-  s->desc.key.store(0, std::memory_order_release);
-  s->desc.check.store(0, std::memory_order_relaxed);
+  s->desc->key.store(0, std::memory_order_release);
+  s->desc->check.store(0, std::memory_order_relaxed);
   s->key = 0;
   s->ptr = nullptr;
   s->len = 0;
@@ -76,7 +111,12 @@ bool RegionTable::info(void* handle, RegionInfo& out) {
   std::lock_guard lock(mu_);
   auto* s = static_cast<Slot*>(handle);
   if (!live_.contains(s)) return false;
-  out = RegionInfo{s->id, s->key, s->ptr, s->len, s->file, &s->desc};
+  RegionFile desc_file;  // fd -1: the descriptor is in private memory
+  if (s->desc != &s->own) {
+    desc_file = shared_file_;
+    desc_file.offset = s->id * sizeof(RegionDesc);
+  }
+  out = RegionInfo{s->id, s->key, s->ptr, s->len, s->file, s->desc, desc_file};
   return true;
 }
 

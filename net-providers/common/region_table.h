@@ -2,9 +2,11 @@
 // region inside a MAP_SHARED file mapping (shm), the file that backs it.
 //
 // Slots live in a deque so their addresses never move: shm peers read a slot's
-// descriptor straight out of this process with process_vm_readv. A slot is
-// reused after deregistration with a fresh key, so a stale remote key is
-// refused. The reader holds mutex() while it receives a put's payload into a
+// descriptor straight out of this process with process_vm_readv, or, after
+// share_descriptors(), through a read-only mapping of the memfd that holds the
+// first kSharedSlots descriptors (a load instead of a system call per put). A
+// slot is reused after deregistration with a fresh key, so a stale remote key
+// is refused. The reader holds mutex() while it receives a put's payload into a
 // region, so dereg_mem never returns while bytes are still landing there.
 #pragma once
 
@@ -69,13 +71,22 @@ struct RegionInfo {
   uint64_t len = 0;
   RegionFile file;
   const RegionDesc* desc = nullptr;
+  RegionFile desc_file;  // the memfd holding `desc` (offset: where in it); fd -1: private memory
 };
 
 class RegionTable {
  public:
+  static constexpr uint64_t kSharedSlots = 16384;  // 1 MiB of descriptors, touched as used
+
   RegionTable() = default;
   RegionTable(const RegionTable&) = delete;
   RegionTable& operator=(const RegionTable&) = delete;
+  ~RegionTable();
+
+  // Before the first add: descriptors of the first kSharedSlots slots go into a memfd that
+  // peers of the same user may map. False, with `why`, when it cannot be made (descriptors
+  // stay in private memory).
+  bool share_descriptors(std::string& why);
 
   void* add(void* ptr, uint64_t len, const RegionFile& file = {});
   bool remove(void* handle);
@@ -90,7 +101,8 @@ class RegionTable {
 
  private:
   struct Slot {
-    RegionDesc desc;
+    RegionDesc own;
+    RegionDesc* desc = &own;  // own, or its place in the shared memfd
     char* ptr = nullptr;
     uint64_t len = 0;
     uint64_t key = 0;
@@ -102,6 +114,8 @@ class RegionTable {
   std::deque<Slot> slots_;
   std::vector<uint64_t> free_;
   std::unordered_set<Slot*> live_;
+  RegionDesc* shared_ = nullptr;  // kSharedSlots descriptors in the memfd `shared_file_`
+  RegionFile shared_file_;
 };
 
 }  // namespace hmc_net

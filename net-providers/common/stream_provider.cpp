@@ -261,6 +261,7 @@ int StreamProvider::pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rke
   k.key = info.key;
   k.length = info.len;
   k.file_fd = -1;
+  k.desc_fd = -1;
   fill_rkey(k, info);
   std::memcpy(rkey, &k, sizeof(k));
   return HMC_PROV_OK;

@@ -207,6 +207,7 @@ bool find_shared_file(const void* ptr, size_t len, hmc_net::RegionFile& out, Map
 
 PeerMappings::~PeerMappings() {
   for (Entry& e : entries_) unmap(e);
+  if (descs_ != nullptr) munmap(descs_, descs_len_);
 }
 
 void PeerMappings::unmap(Entry& e) {
@@ -223,6 +224,35 @@ void PeerMappings::forget(uint64_t region, uint64_t key) {
     }
   }
 }
+
+namespace {
+
+// The peer's file `file` opened here through /proc/<pid>/fd (same user; the kernel applies
+// the ptrace access check), after checking that it is still that very file (regular, same
+// device and inode) and that it is at least `least` bytes long; -1 with `why` otherwise.
+int open_peer_file(int pid, const hmc_net::RegionFile& file, int flags, uint64_t least,
+                   const std::string& what, std::string& why) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%" PRId64, pid, file.fd);
+  const int fd = open(path, flags | O_CLOEXEC);
+  if (fd < 0) {
+    why = std::string("open ") + path + ": " + std::strerror(errno);
+    return -1;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_dev) != file.dev ||
+      static_cast<uint64_t>(st.st_ino) != file.ino) {
+    why = std::string(path) + " is no longer the file of " + what;
+  } else if (static_cast<uint64_t>(st.st_size) < least) {
+    why = std::string(path) + " is shorter than " + what;
+  } else {
+    return fd;
+  }
+  close(fd);
+  return -1;
+}
+
+}  // namespace
 
 char* PeerMappings::find_or_map(int pid, uint64_t region, uint64_t key, uint64_t len,
                                 const hmc_net::RegionFile& file, std::string& why) {
@@ -258,30 +288,42 @@ char* PeerMappings::find_or_map(int pid, uint64_t region, uint64_t key, uint64_t
     why = "region " + std::to_string(region) + " names no shared file";
     return nullptr;
   }
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/fd/%" PRId64, pid, file.fd);
-  const int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    why = std::string("open ") + path + ": " + std::strerror(errno);
-    return nullptr;
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_dev) != file.dev ||
-      static_cast<uint64_t>(st.st_ino) != file.ino) {
-    why = std::string(path) + " is no longer the file of region " + std::to_string(region);
-  } else if (static_cast<uint64_t>(st.st_size) < file.offset + len) {
-    why = std::string(path) + " is shorter than region " + std::to_string(region);
+  const int fd = open_peer_file(pid, file, O_RDWR, file.offset + len, "region " + std::to_string(region), why);
+  if (fd < 0) return nullptr;
+  void* p = mmap(nullptr, slot->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED) {
+    why = "mmap of region " + std::to_string(region) + ": " + std::strerror(errno);
   } else {
-    void* p = mmap(nullptr, slot->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                   static_cast<off_t>(start));
-    if (p == MAP_FAILED) {
-      why = std::string("mmap of ") + path + ": " + std::strerror(errno);
-    } else {
-      slot->map = p;
-    }
+    slot->map = p;
   }
   close(fd);
   return slot->map != nullptr ? static_cast<char*>(slot->map) + slot->delta : nullptr;
+}
+
+const hmc_net::RegionDesc* PeerMappings::descriptor(int pid, const hmc_net::RegionFile& file, std::string& why) {
+  hmc_net::RegionFile whole = file;
+  whole.offset = 0;
+  if (file.fd < 0 || file.offset % alignof(hmc_net::RegionDesc) != 0) return nullptr;
+  if (!(whole == descs_file_)) {  // another memfd than the one mapped (or none yet)
+    if (descs_ != nullptr) munmap(descs_, descs_len_);
+    descs_ = nullptr;
+    descs_file_ = whole;
+    const int fd = open_peer_file(pid, whole, O_RDONLY, 0, "the region descriptors", why);
+    struct stat st {};
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
+      void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        descs_ = p;
+        descs_len_ = static_cast<size_t>(st.st_size);
+      } else {
+        why = std::string("mmap of the region descriptors: ") + std::strerror(errno);
+      }
+    }
+    if (fd >= 0) close(fd);
+  }
+  if (descs_ == nullptr || file.offset > descs_len_ || descs_len_ - file.offset < sizeof(hmc_net::RegionDesc))
+    return nullptr;
+  return reinterpret_cast<const hmc_net::RegionDesc*>(static_cast<const char*>(descs_) + file.offset);
 }
 
 }  // namespace hmc_shm

@@ -18,7 +18,9 @@
 // region's pages MAP_SHARED. Entries are keyed by region id and key, at most
 // one per region id (a new registration of the slot replaces the old one),
 // at most kMaxEntries (least recently used goes); failures are cached too, so
-// a region that cannot be mapped costs one attempt. Everything is unmapped when
+// a region that cannot be mapped costs one attempt. It also maps the peer's memfd
+// of region descriptors read-only (descriptor), so a put checks the target's
+// table with loads instead of process_vm_readv. Everything is unmapped when
 // the connection closes. A cached mapping keeps the peer's file alive after the
 // peer freed it, until eviction or close.
 #pragma once
@@ -57,6 +59,10 @@ class PeerMappings final : public hmc_net::TransportState {
   // set on the first failure for that region (later calls return nullptr quietly).
   char* find_or_map(int pid, uint64_t region, uint64_t key, uint64_t len,
                     const hmc_net::RegionFile& file, std::string& why);
+  // The peer's descriptor at `file` (its memfd of region descriptors; offset: the slot's),
+  // mapped read-only here; nullptr when it cannot be (`why` set on the first failure for
+  // that memfd; later calls return nullptr quietly).
+  const hmc_net::RegionDesc* descriptor(int pid, const hmc_net::RegionFile& file, std::string& why);
   // Drops the mapping of a registration the target no longer has.
   void forget(uint64_t region, uint64_t key);
   // True the first time it is called: the connection logs one fallback only.
@@ -78,6 +84,9 @@ class PeerMappings final : public hmc_net::TransportState {
   std::vector<Entry> entries_;
   uint64_t clock_ = 0;
   bool fell_back_ = false;
+  void* descs_ = nullptr;  // the peer's descriptors, read-only; nullptr: none or failed
+  size_t descs_len_ = 0;
+  hmc_net::RegionFile descs_file_;  // which memfd descs_ is (offset 0)
 };
 
 }  // namespace hmc_shm

@@ -110,6 +110,10 @@ class ShmProvider final : public hmc_net::StreamProvider {
     if (cma_ && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
       host().log(HMC_LOG_DEBUG, std::string("prctl(PR_SET_PTRACER) failed: ") + strerror(errno));
     }
+    if (cma_ && !regions().share_descriptors(why)) {
+      host().log(HMC_LOG_INFO, why + "; peers check puts into this process with process_vm_readv");
+      why.clear();
+    }
     return HMC_PROV_OK;
   }
 
@@ -166,6 +170,10 @@ class ShmProvider final : public hmc_net::StreamProvider {
     rkey.file_offset = region.file.offset;
     rkey.file_dev = region.file.dev;
     rkey.file_ino = region.file.ino;
+    rkey.desc_fd = region.desc_file.fd;
+    rkey.desc_offset = region.desc_file.offset;
+    rkey.desc_dev = region.desc_file.dev;
+    rkey.desc_ino = region.desc_file.ino;
   }
 
   bool use_direct(const Connection& conn) const override { return cma_ && conn.direct_ok(); }
@@ -213,6 +221,8 @@ class ShmProvider final : public hmc_net::StreamProvider {
            random_hex() + ".sock";
   }
   int fall_back(Connection& conn, int err);
+  static PeerMappings& peer_mappings(Connection& conn);
+  bool read_desc(Connection& conn, const hmc_net::Rkey& rkey, hmc_net::DescWords& desc);
   char* mapped(Connection& conn, const hmc_net::Rkey& rkey, const hmc_net::DescWords& desc);
 
   std::string dir_;
@@ -268,9 +278,12 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
 
   // The target's table is the authority: read the region descriptor every step.
   hmc_net::DescWords desc{};
-  iovec local{&desc, sizeof(desc)};
-  iovec remote{reinterpret_cast<void*>(put.rkey.desc), sizeof(desc)};
-  ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  ssize_t n = sizeof(desc);
+  if (!read_desc(conn, put.rkey, desc)) {
+    iovec local{&desc, sizeof(desc)};
+    iovec remote{reinterpret_cast<void*>(put.rkey.desc), sizeof(desc)};
+    n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  }
   if (n < 0 && (errno == EPERM || errno == ENOSYS) && put.done == 0) return fall_back(conn, errno);
   if (n < 0 && errno == ESRCH) return lost(errno);
   if (n != static_cast<ssize_t>(sizeof(desc)) || desc.key == 0 || desc.key != put.rkey.key ||
@@ -326,6 +339,44 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
   return put.done == put.len ? HMC_PROV_OK : hmc_net::kDirectMore;
 }
 
+PeerMappings& ShmProvider::peer_mappings(Connection& conn) {
+  auto* maps = static_cast<PeerMappings*>(conn.transport_state());
+  if (maps != nullptr) return *maps;
+  auto fresh = std::make_unique<PeerMappings>();
+  maps = fresh.get();
+  conn.set_transport_state(std::move(fresh));
+  return *maps;
+}
+
+// The descriptor `rkey` names, loaded from the target's memfd of descriptors mapped here
+// (a few loads, where process_vm_readv costs a system call: 1.1 us on the development VM,
+// more than a 64 KiB memcpy). False when the key names no such memfd or it cannot be
+// mapped (logged once per connection): the caller reads with process_vm_readv then.
+bool ShmProvider::read_desc(Connection& conn, const hmc_net::Rkey& rkey, hmc_net::DescWords& desc) {
+  if (rkey.desc_fd < 0) return false;
+  PeerMappings& maps = peer_mappings(conn);
+  std::string why;
+  const hmc_net::RegionDesc* d = maps.descriptor(
+      conn.peer_pid(), hmc_net::RegionFile{rkey.desc_fd, rkey.desc_offset, rkey.desc_dev, rkey.desc_ino}, why);
+  if (d == nullptr) {
+    if (!why.empty())
+      host().log(HMC_LOG_DEBUG, "cannot map the region descriptors of " + conn.peer() + " (" + why +
+                                    "); puts to it read them with process_vm_readv");
+    return false;
+  }
+  // Key first (the owner stores it last when it registers, first when it deregisters);
+  // a slot reused meanwhile fails the check word.
+  desc.key = d->key.load(std::memory_order_acquire);
+  desc.addr = d->addr.load(std::memory_order_relaxed);
+  desc.len = d->len.load(std::memory_order_relaxed);
+  desc.file_fd = d->file_fd.load(std::memory_order_relaxed);
+  desc.file_offset = d->file_offset.load(std::memory_order_relaxed);
+  desc.file_dev = d->file_dev.load(std::memory_order_relaxed);
+  desc.file_ino = d->file_ino.load(std::memory_order_relaxed);
+  desc.check = d->check.load(std::memory_order_relaxed);
+  return true;
+}
+
 // The region mapped into this process, if it lies in a shared file of the
 // peer and mapping is allowed; nullptr means process_vm_writev. The file is
 // the descriptor's (the target's authority); the key must name the same one.
@@ -337,15 +388,10 @@ char* ShmProvider::mapped(Connection& conn, const hmc_net::Rkey& rkey,
       rkey.file_ino != file.ino) {
     return nullptr;
   }
-  auto* maps = static_cast<PeerMappings*>(conn.transport_state());
-  if (maps == nullptr) {
-    auto fresh = std::make_unique<PeerMappings>();
-    maps = fresh.get();
-    conn.set_transport_state(std::move(fresh));
-  }
+  PeerMappings& maps = peer_mappings(conn);
   std::string why;
-  char* base = maps->find_or_map(conn.peer_pid(), rkey.region, desc.key, desc.len, file, why);
-  if (base == nullptr && !why.empty() && maps->first_fallback()) {
+  char* base = maps.find_or_map(conn.peer_pid(), rkey.region, desc.key, desc.len, file, why);
+  if (base == nullptr && !why.empty() && maps.first_fallback()) {
     host().log(HMC_LOG_DEBUG, "cannot map a shared region of " + conn.peer() + " (" + why +
                                   "); puts into it use process_vm_writev");
   }

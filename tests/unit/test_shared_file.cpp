@@ -3,12 +3,14 @@
 // /proc/self/maps. They must agree on every case: a shared memfd mapping and a range
 // inside it, a range that runs past it, a private mapping of the same file, heap memory,
 // and a mapping whose fd was closed; and a forked child asking about its own mapping.
+// Also how an initiator reads the target's region descriptors from a shared memfd.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <string>
 #include <vector>
 
 #include "shm/shared_file.h"
@@ -115,4 +117,77 @@ TEST_CASE("shm finds the shared file behind a region, by either reader", "[unit]
     hmc_net::RegionFile none;
     CHECK_FALSE(hmc_shm::find_shared_file(m.shared, m.bytes, none, how));
   }
+}
+
+// shm checks every put against the target's table. With share_descriptors the table's
+// descriptors live in a memfd that the initiator maps read-only (PeerMappings::descriptor),
+// so the check is a few loads instead of a process_vm_readv: what the mapping shows must
+// follow registration, deregistration and the slot's reuse, and a key that names the
+// wrong file or a place outside it maps nothing.
+TEST_CASE("shm reads region descriptors through a mapping of the owner's memfd", "[unit][shm]") {
+  hmc_net::RegionTable table;
+  std::string why;
+  REQUIRE(table.share_descriptors(why));
+  std::vector<char> a(4096), b(8192);
+  void* ha = table.add(a.data(), a.size());
+  hmc_net::RegionInfo ia;
+  REQUIRE(table.info(ha, ia));
+  REQUIRE(ia.desc_file.fd >= 0);
+  CHECK(ia.desc_file.offset == ia.id * sizeof(hmc_net::RegionDesc));
+
+  hmc_shm::PeerMappings maps;
+  const hmc_net::RegionDesc* d = maps.descriptor(getpid(), ia.desc_file, why);
+  INFO(why);
+  REQUIRE(d != nullptr);
+  CHECK(static_cast<const void*>(d) != static_cast<const void*>(ia.desc));  // another mapping of the same page
+  auto words = [&] {
+    return hmc_net::DescWords{d->key.load(), d->addr.load(), d->len.load(), d->file_fd.load(), d->file_offset.load(),
+                              d->file_dev.load(), d->file_ino.load(), d->check.load()};
+  };
+  hmc_net::DescWords w = words();
+  CHECK(w.key == ia.key);
+  CHECK(w.addr == reinterpret_cast<uint64_t>(a.data()));
+  CHECK(w.len == a.size());
+  CHECK(w.check == hmc_net::desc_check(w));
+
+  // Deregistered: the mapping shows no key; the slot reused: a fresh key, the new region.
+  REQUIRE(table.remove(ha));
+  CHECK(words().key == 0);
+  void* hb = table.add(b.data(), b.size());
+  hmc_net::RegionInfo ib;
+  REQUIRE(table.info(hb, ib));
+  CHECK(ib.id == ia.id);
+  w = words();
+  CHECK(w.key == ib.key);
+  CHECK(w.key != ia.key);
+  CHECK(w.len == b.size());
+  CHECK(w.check == hmc_net::desc_check(w));
+
+  // Wrong file, or outside it: nothing (the caller falls back to process_vm_readv).
+  hmc_net::RegionFile past = ib.desc_file;
+  past.offset = hmc_net::RegionTable::kSharedSlots * sizeof(hmc_net::RegionDesc);
+  CHECK(maps.descriptor(getpid(), past, why) == nullptr);
+  hmc_net::RegionFile odd = ib.desc_file;
+  odd.offset += 4;
+  CHECK(maps.descriptor(getpid(), odd, why) == nullptr);
+  hmc_shm::PeerMappings other;
+  why.clear();
+  hmc_net::RegionFile forged = ib.desc_file;
+  forged.ino += 1;
+  CHECK(other.descriptor(getpid(), forged, why) == nullptr);
+  CHECK(why.find("no longer the file") != std::string::npos);
+  table.remove(hb);
+}
+
+TEST_CASE("shm's region descriptors stay private when sharing comes too late", "[unit][shm]") {
+  hmc_net::RegionTable table;
+  std::vector<char> a(64);
+  void* h = table.add(a.data(), a.size());
+  std::string why;
+  CHECK_FALSE(table.share_descriptors(why));
+  CHECK_FALSE(why.empty());
+  hmc_net::RegionInfo info;
+  REQUIRE(table.info(h, info));
+  CHECK(info.desc_file.fd == -1);
+  table.remove(h);
 }
