@@ -55,8 +55,7 @@ bool RegionTable::share_descriptors(std::string& why) {
     if (fd >= 0) close(fd);
     return false;
   }
-  shared_ = static_cast<RegionDesc*>(base);
-  for (uint64_t i = 0; i < kSharedSlots; ++i) new (&shared_[i]) RegionDesc{};  // zeroes, as the file is
+  shared_ = static_cast<RegionDesc*>(base);  // descriptors begin when their slot does (add)
   shared_file_ = RegionFile{fd, 0, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
   return true;
 }
@@ -71,7 +70,9 @@ void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   } else {
     s = &slots_.emplace_back();
     s->id = slots_.size() - 1;
-    if (shared_ != nullptr && s->id < kSharedSlots) s->desc = &shared_[s->id];
+    // Constructed in place only now, so only the pages of slots in use are touched (the
+    // file reads as zeroes, which is what RegionDesc{} writes).
+    if (shared_ != nullptr && s->id < kSharedSlots) s->desc = new (&shared_[s->id]) RegionDesc{};
   }
   s->ptr = static_cast<char*>(ptr);
   s->len = len;
