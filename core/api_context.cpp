@@ -49,6 +49,7 @@ void Memory::reset() {
   bytes_ = 0;
 }
 
+MemoryRegion::MemoryRegion() = default;
 MemoryRegion::MemoryRegion(std::unique_ptr<core::Registration> reg) : reg_(std::move(reg)) {}
 MemoryRegion::MemoryRegion(MemoryRegion&&) noexcept = default;
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&&) noexcept = default;

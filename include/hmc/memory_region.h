@@ -21,7 +21,7 @@ struct RemoteKey {
 
 class MemoryRegion {
  public:
-  MemoryRegion() = default;
+  MemoryRegion();  // empty: registers nothing (defined where Registration is complete)
   explicit MemoryRegion(std::unique_ptr<core::Registration> reg);
   MemoryRegion(MemoryRegion&&) noexcept;
   MemoryRegion& operator=(MemoryRegion&&) noexcept;

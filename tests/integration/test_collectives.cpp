@@ -157,7 +157,7 @@ int64_t input(DataType t, uint64_t seed, int rank, std::size_t i) {
 
 // ---- where a rank's buffers live -----------------------------------------------------------
 
-bool mixed_mode() {
+[[maybe_unused]] bool mixed_mode() {  // read only by the device build
   const char* m = std::getenv("HMCTEST_MIXED");
   return m && std::string(m) == "1";
 }
@@ -594,7 +594,7 @@ int check_forced_algorithms(RankEnv& e) {
 
 // Each collective once per layout with just over 1 MiB per buffer (per block where a
 // buffer holds one block per rank), in a dtype and op of its own.
-int check_large(RankEnv& e) {
+[[maybe_unused]] int check_large(RankEnv& e) {  // run only by the device build
   auto count = [](DataType t) { return (std::size_t{1} << 20) / dtype_size(t) + 3; };
   const CollOptions opt;
   const auto f32 = DataType::kFloat32, bf16 = DataType::kBFloat16, f16 = DataType::kFloat16;
