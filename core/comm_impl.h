@@ -31,6 +31,9 @@
 
 namespace hmc::core {
 
+// A provider's error code and message as a Status naming `who` (p2p.cpp).
+Status from_provider(int rc, const char* msg, const std::string& who);
+
 class CommImpl : public Progressable {
  public:
   static Result<std::unique_ptr<CommImpl>> create(ContextImpl& ctx, const UniqueId& id, int rank, int size);
@@ -113,6 +116,11 @@ class CommImpl : public Progressable {
     void* req;
     std::function<void(const Status&)> done;
   };
+  struct PendingNotify {
+    uint64_t value;
+    enum { kWaiting, kReady, kDropped } state;
+    std::function<void(const Status&)> done;  // the put request's notification part
+  };
   struct CtrlSlot {
     std::vector<uint8_t> buf;
     void* req = nullptr;
@@ -132,6 +140,9 @@ class CommImpl : public Progressable {
     std::map<uint64_t, SendOp> rndv_sends;
     std::map<uint64_t, RecvOp> rndv_recvs;
     std::deque<uint64_t> notifications;
+    // Notifications asked for with puts still under way, in the order asked: each goes out
+    // once its put completed and every earlier one went; a failed put's is dropped.
+    std::deque<std::shared_ptr<PendingNotify>> notify_after;
     std::vector<Inflight> inflight;
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
@@ -174,6 +185,8 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
+  // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put: p2p.cpp).
+  void release_notifies(Peer& p);
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);

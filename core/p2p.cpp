@@ -1,4 +1,4 @@
-// CommImpl point-to-point engine: tag matching, eager and rendezvous, puts, progress.
+// CommImpl point-to-point engine: tag matching, eager and rendezvous, progress.
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +12,16 @@ namespace {
 
 // Passes over a lost peer's connection before the loss is marked (progress()).
 constexpr int kDrainPasses = 64;
+
+// A refusal's reason as it travels: cut to what the peer's receive slots hold.
+std::string reason_text(const Status& why) { return why.message().substr(0, kReasonMax); }
+
+std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t tag) {
+  return "receive of " + std::to_string(posted) + " bytes from rank " + std::to_string(peer) + " (tag " +
+         std::to_string(tag) + ") matched a message of " + std::to_string(got) + " bytes";
+}
+
+}  // namespace
 
 Status from_provider(int rc, const char* msg, const std::string& who) {
   ErrorCode code = ErrorCode::kInternal;
@@ -31,16 +41,6 @@ Status from_provider(int rc, const char* msg, const std::string& who) {
   if (code == ErrorCode::kPeerLost && text.rfind("peer lost", 0) == 0) text = text.substr(std::min<std::size_t>(text.size(), 11));
   return {code, who + ": " + text};
 }
-
-// A refusal's reason as it travels: cut to what the peer's receive slots hold.
-std::string reason_text(const Status& why) { return why.message().substr(0, kReasonMax); }
-
-std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t tag) {
-  return "receive of " + std::to_string(posted) + " bytes from rank " + std::to_string(peer) + " (tag " +
-         std::to_string(tag) + ") matched a message of " + std::to_string(got) + " bytes";
-}
-
-}  // namespace
 
 Status CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what) {
   if (rc != 0 || !req) {
@@ -606,98 +606,6 @@ bool CommImpl::progress() {
   // FIN behind it unsent. On 2 H200s one 64 MiB stream in a few ran at 0.93-0.96 of
   // cudaMemcpyPeer for that, and sendrecv stalled for milliseconds at single sizes.
   return any || dev_.busy();
-}
-
-Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
-  std::lock_guard lock(mu_);
-  HMC_RETURN_IF_ERROR(usable());
-  if (!ptr || bytes == 0) return Status(ErrorCode::kInvalidArgument, "register_memory needs a non-null pointer and a size > 0");
-  auto reg = std::make_unique<Registration>(ptr, bytes);
-  const bool device = ctx_.mem_info(ptr, bytes).device_mem;
-  std::vector<LoadedProvider*> used;
-  for (auto& p : peers_)
-    if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);
-  for (LoadedProvider* n : used) {
-    if (device && !(n->net_caps & (HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)))
-      return Status(ErrorCode::kUnsupported, "one-sided puts into device memory need a net provider that touches it; " +
-                                                 n->name + " reaches only host memory (send/recv stage device memory)");
-    HMC_RETURN_IF_ERROR(reg->add(n, device ? HMC_MEM_DEVICE : HMC_MEM_HOST));
-  }
-  return MemoryRegion(std::move(reg));
-}
-
-std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
-                                         uint64_t offset, std::optional<uint64_t> notify) {
-  std::lock_guard lock(mu_);
-  if (Status s = usable(); !s.ok()) return Operation::failed(s);
-  Peer& p = peers_[peer];
-  if (!p.lost.ok()) return Operation::failed(p.lost);
-  auto k = unpack_key(key.bytes);
-  if (!k) return Operation::failed(k.status());
-  if (offset > k->region_bytes || bytes > k->region_bytes - offset)
-    return Operation::failed({ErrorCode::kOutOfBounds, "put of " + std::to_string(bytes) + " bytes at offset " +
-                                                           std::to_string(offset) + " overruns the peer's region of " +
-                                                           std::to_string(k->region_bytes) + " bytes"});
-  auto op = Operation::make(ctx_.engine());
-  if (!p.net) {  // self: the key's "self" entry is {pid, address}
-    const auto self = k->find("self");
-    int64_t pid = 0;
-    uint64_t addr = 0;
-    if (!self || self->size() != 16) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});
-    std::memcpy(&pid, self->data(), 8);
-    std::memcpy(&addr, self->data() + 8, 8);
-    if (pid != getpid()) return Operation::failed({ErrorCode::kInvalidArgument, "remote key belongs to another process, not this rank"});
-    if (Status s = ctx_.copy(reinterpret_cast<uint8_t*>(addr) + offset, src, bytes); !s.ok()) return Operation::failed(s);
-    if (notify) p.notifications.push_back(*notify);
-    op->complete(bytes);
-    return op;
-  }
-  const auto rkey = k->find(p.path.provider);
-  if (!rkey) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no entry for " + p.path.provider +
-                                                                         " (registered by another communicator?)"});
-  // A device source is copied to the host first; the copy lives until the put is done.
-  std::shared_ptr<std::vector<uint8_t>> host;
-  if (bytes && ctx_.mem_info(src, bytes).device_mem) {
-    host = std::make_shared<std::vector<uint8_t>>(bytes);
-    if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
-    src = host->data();
-  }
-  auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
-  if (*parts == 0) {
-    op->complete(0);
-    return op;
-  }
-  auto part_done = [op, parts, bytes, host](const Status& st) {
-    if (!st.ok()) op->fail(st);
-    else if (--*parts == 0) op->complete(bytes);
-  };
-  if (bytes) {
-    void* req = nullptr;
-    int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
-    if (!track(p, rc, req, part_done, "put").ok()) return op;  // failed; no NOTIFY for bytes that never moved
-  }
-  if (notify) post_msg(p, MsgType::kNotify, 0, 0, 0, *notify, nullptr, 0, part_done);
-  return op;
-}
-
-Result<uint64_t> CommImpl::wait_notify(int peer, Clock::time_point deadline) {
-  uint64_t value = 0;
-  Status failure;
-  bool got = ctx_.engine()->wait_until([&] {
-    std::lock_guard lock(mu_);
-    if (Status s = usable(); !s.ok()) { failure = s; return true; }
-    Peer& p = peers_[peer];
-    if (!p.notifications.empty()) {
-      value = p.notifications.front();
-      p.notifications.pop_front();
-      return true;
-    }
-    if (!p.lost.ok()) { failure = p.lost; return true; }
-    return false;
-  }, deadline);
-  if (!failure.ok()) return failure;
-  if (!got) return Status(ErrorCode::kTimeout, "no notification from rank " + std::to_string(peer) + " before the deadline");
-  return value;
 }
 
 }  // namespace hmc::core

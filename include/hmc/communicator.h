@@ -86,9 +86,10 @@ class Communicator {
   Result<MemoryRegion> register_memory(void* ptr, std::size_t bytes);
   // Writes `bytes` from `src` at `offset` of the peer's region. The request
   // completes when `src` may be reused. With `notify`, the peer's wait_notify
-  // returns the value once the data is visible there. Over shm a put of host
-  // memory that finds nothing queued to that peer is copied within this call
-  // (the copy is the whole put); elsewhere it proceeds in the background.
+  // returns the value once the data is visible there, in the order of the
+  // puts; a put that fails notifies nobody. Over shm a put of host memory that
+  // finds nothing queued to that peer is copied within this call (the copy is
+  // the whole put); elsewhere it proceeds in the background.
   Request put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
               uint64_t offset, std::optional<uint64_t> notify = std::nullopt);
   // Waits for the next notification from `peer` (in the order they were sent).

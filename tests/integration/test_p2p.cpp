@@ -32,6 +32,15 @@ int ping_pong(RankEnv& e, std::size_t bytes, uint64_t seed) {
   return 0;
 }
 
+// Sends this rank's key for `mr` to `peer` and takes the peer's (the same size) into `theirs`.
+Status swap_keys(RankEnv& e, const MemoryRegion& mr, int peer, uint64_t tag, RemoteKey& theirs) {
+  auto mine = mr.pack();
+  theirs.bytes.assign(mine.bytes.size(), 0);
+  Request rk = e.comm.irecv(theirs.bytes.data(), theirs.bytes.size(), peer, tag);
+  if (Status s = e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, tag); !s.ok()) return s;
+  return rk.wait();
+}
+
 }  // namespace
 
 TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
@@ -178,14 +187,9 @@ TEST_CASE("put writes into a peer's region and notifies it", "[put]") {
         std::vector<uint8_t> region(region_bytes, 0xEE);
         auto mr = e.comm.register_memory(region.data(), region.size());
         HMC_EXPECT(mr.ok(), mr.status().to_string());
-        // Swap keys: each rank learns the other's region.
-        auto mine = mr->pack();
-        std::vector<uint8_t> theirs(mine.bytes.size());
         int peer = 1 - e.rank;
-        Request rk = e.comm.irecv(theirs.data(), theirs.size(), peer, 1);
-        HMC_EXPECT_OK(e.comm.send(mine.bytes.data(), mine.bytes.size(), peer, 1));
-        HMC_EXPECT_OK(rk.wait());
-        RemoteKey key{theirs};
+        RemoteKey key;
+        HMC_EXPECT_OK(swap_keys(e, *mr, peer, 1, key));  // each rank learns the other's region
         const std::pair<std::size_t, std::size_t> writes[] = {{0, 1}, {4096, 3000}, {1 << 20, 8 << 20}, {region_bytes - 100, 100}, {17, 0}};
         uint64_t n = 0;
         for (auto [off, len] : writes) {
@@ -201,6 +205,55 @@ TEST_CASE("put writes into a peer's region and notifies it", "[put]") {
         HMC_EXPECT(region[2] == 0xEE && region[(1 << 20) - 1] == 0xEE && region[region_bytes - 101] == 0xEE, "put wrote outside its range");
         Status oob = e.comm.put(peer, region.data(), 200, key, region_bytes - 100).wait();
         HMC_EXPECT(oob.code() == ErrorCode::kOutOfBounds, oob.to_string());
+        return e.comm.barrier().ok() ? 0 : 1;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+// A put the target refuses after the provider took it (tcp and ucx check keys at the
+// target) fails at the initiator, and its notification must not reach the target: a
+// NOTIFY there would announce data that never came. Later notifications keep their order.
+TEST_CASE("a refused put notifies nobody; later notifications keep their order", "[put]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        const int peer = 1 - e.rank;
+        const std::size_t n = 64 * 1024;
+        std::vector<uint8_t> gone_buf(n), live_buf(n, 0xEE);
+        auto gone = e.comm.register_memory(gone_buf.data(), n);
+        auto live = e.comm.register_memory(live_buf.data(), n);
+        HMC_EXPECT(gone.ok() && live.ok(), "registration failed");
+        RemoteKey stale, key;
+        HMC_EXPECT_OK(swap_keys(e, *gone, peer, 1, stale));
+        HMC_EXPECT_OK(swap_keys(e, *live, peer, 2, key));
+        *gone = MemoryRegion();  // deregistered: its key is stale from here on
+        HMC_EXPECT_OK(e.comm.barrier());
+        if (e.rank == 0) {
+          auto data = test::random_bytes(n, 42);
+          // Three puts in flight at once: the refused one between two good ones.
+          Request first = e.comm.put(peer, data.data(), n / 2, key, 0, 8);
+          Request refused = e.comm.put(peer, data.data(), n, stale, 0, 7);
+          Request last = e.comm.put(peer, data.data() + n / 2, n / 2, key, n / 2, 9);
+          HMC_EXPECT_OK(first.wait());
+          Status s = refused.wait();
+          HMC_EXPECT(!s.ok(), "a put with a deregistered region's key succeeded");
+          HMC_EXPECT_OK(last.wait());
+          HMC_EXPECT_OK(e.comm.send(nullptr, 0, peer, 3));
+        } else {
+          for (uint64_t want : {8, 9}) {
+            auto v = e.comm.wait_notify(peer);
+            HMC_EXPECT(v.ok() && v.value() == want, "expected notification " + std::to_string(want) + ", got " +
+                                                         (v.ok() ? std::to_string(v.value()) : v.status().to_string()));
+          }
+          HMC_EXPECT(live_buf == test::random_bytes(n, 42), "notified puts' data wrong");
+          HMC_EXPECT_OK(e.comm.recv(nullptr, 0, peer, 3));  // every put has ended at the initiator
+          auto extra = e.comm.wait_notify(peer, std::chrono::milliseconds(200));
+          HMC_EXPECT(extra.status().code() == ErrorCode::kTimeout,
+                     "the refused put's notification arrived: " + (extra.ok() ? std::to_string(extra.value()) : extra.status().to_string()));
+        }
         return e.comm.barrier().ok() ? 0 : 1;
       });
       INFO(test::describe(exits));
