@@ -1,5 +1,8 @@
 #include "hmc/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace hmc {
 
 const char* error_code_name(ErrorCode code) {
@@ -25,6 +28,12 @@ const char* error_code_name(ErrorCode code) {
 std::string Status::to_string() const {
   if (ok()) return "ok";
   return std::string(error_code_name(code_)) + ": " + message_;
+}
+
+void value_of_failed_result(const Status& status) {
+  std::fprintf(stderr, "hmc: Result::value() called on an error: %s\n", status.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 }  // namespace hmc

@@ -44,6 +44,11 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+// What value() of a failed Result does: it is a programming error (test ok() first), and
+// the library throws no exceptions, so it prints the error it holds to stderr
+// ("hmc: Result::value() called on an error: unavailable: ...") and aborts.
+[[noreturn]] void value_of_failed_result(const Status& status);
+
 template <class T>
 class [[nodiscard]] Result {
  public:
@@ -56,14 +61,19 @@ class [[nodiscard]] Result {
     static const Status kOkStatus;
     return ok() ? kOkStatus : std::get<Status>(v_);
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  T& value() & { return *checked(*this); }
+  const T& value() const& { return *checked(*this); }
+  T&& value() && { return std::move(*checked(*this)); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
 
  private:
+  template <class Self>
+  static auto* checked(Self& self) {
+    if (auto* v = std::get_if<T>(&self.v_)) return v;
+    value_of_failed_result(*std::get_if<Status>(&self.v_));
+  }
   std::variant<T, Status> v_;
 };
 
