@@ -124,6 +124,9 @@ Status CommImpl::setup(const UniqueId& id) {
   ctx_.note_host_ranks(here);
   for (auto& p : peers_)
     HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
+  for (auto& p : peers_)
+    if (p.net && std::find(polled_.begin(), polled_.end(), p.net) == polled_.end()) polled_.push_back(p.net);
+  for (LoadedProvider* n : polled_) n->users.fetch_add(1);
   HMC_RETURN_IF_ERROR(connect_all(id.secret, deadline));
   HMC_RETURN_IF_ERROR(setup_segments(mine, deadline));
   for (auto& p : peers_) {
@@ -284,6 +287,8 @@ void CommImpl::close_connections() {
   flush_reg_cache(true);
   for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
   listeners_.clear();
+  for (LoadedProvider* n : polled_) n->users.fetch_sub(1);
+  polled_.clear();
 }
 
 void CommImpl::abort() {

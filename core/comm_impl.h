@@ -207,6 +207,9 @@ class CommImpl : public Progressable {
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<Peer> peers_;
   std::vector<std::pair<LoadedProvider*, void*>> listeners_;
+  // The net providers of this communicator's peers, each counted once in its `users`
+  // (setup) until close_connections.
+  std::vector<LoadedProvider*> polled_;
   Secret secret_{};
   mutable std::mutex mu_;
   std::atomic<bool> lost_changed_{false};

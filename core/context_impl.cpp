@@ -102,7 +102,7 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   for (auto& n : ctx->registry_->nets()) {
     if (!n->net->progress) continue;
     LoadedProvider* p = n.get();
-    ctx->engine_->add_poller([p] { return p->net->progress(p->state) > 0; });
+    ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; });
   }
   if (!ctx->registry_->device("cpu"))
     return Status(ErrorCode::kUnavailable, "the cpu device provider is missing or excluded; host memory needs it");

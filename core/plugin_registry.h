@@ -7,6 +7,7 @@
 // and initialised; every refusal is recorded with its reason for hmc-probe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct LoadedProvider {
   std::string log_name;  // "prov.<name>"
   Config* config = nullptr;
   ProgressEngine* engine = nullptr;
+  // Net providers: how many communicators have a peer on this provider. Waiters poll only
+  // providers in use: an idle UCX worker cost every poll of a shm job 41 ns (of 169).
+  std::atomic<int> users{0};
   ~LoadedProvider();
 };
 
