@@ -71,7 +71,7 @@ hmc() {
     "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" "${@:3}" \
     > "$scratch/hmc" 2>&1 || {
     echo "compare-ucx: hmc-probe failed:" >&2; cat "$scratch/hmc" >&2; return 1; }
-  awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7, $8; found = 1 } END { exit !found }' "$scratch/hmc" || {
+  awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7, $9; found = 1 } END { exit !found }' "$scratch/hmc" || {
     echo "compare-ucx: no ucx pair in hmc-probe's output:" >&2; cat "$scratch/hmc" >&2; return 1; }
 }
 

@@ -13,7 +13,8 @@
 #      --put with device buffers is refused.
 #   6. --memory malloc: heap buffers still give a shm row with a bandwidth; an unknown
 #      kind is refused.
-#   7. --lat-poll over ucx: the matrix says its latency was polled, and gives one.
+#   7. --lat-poll over ucx: the matrix says its latency was polled, and gives one,
+#      and what an empty poll cost (poll ns, above zero).
 #   8. --put --notify over ucx and over shm: the matrix measures notified puts (the
 #      target checks that every notification came, in order; hmc-probe fails if not);
 #      --notify without --put is refused.
@@ -53,7 +54,7 @@ check "HMC_HOST_ID=h{rank}: the ranks look like two hosts" '^ +0 +1 +cpu:0 +cpu:
 if grep -Eq '^ +[01] +[01] +cpu:0 +cpu:0 +shm ' "$scratch/hosts"; then echo "FAILED: shm between two host ids"; fail=1; fi
 UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/put" "$probe" --local 2 --timeout 60 -b 1M -n 20 --put
 check "--put: the matrix measures puts" 'bandwidth one way with 1 MiB puts' "$scratch/put"
-check "--put: 0->1 over ucx, eager limit 32K, a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +ucx +'"$positive"' +[0-9.]+ +32K ' "$scratch/put"
+check "--put: 0->1 over ucx, eager limit 32K, a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +ucx +'"$positive"' +[0-9.]+ +[0-9]+ +32K ' "$scratch/put"
 if timeout 60 "$probe" --local 2 --put -g cuda > "$scratch/put-dev" 2>&1; then
   echo "FAILED: --put with device buffers was accepted"; cat "$scratch/put-dev"; fail=1
 fi
@@ -65,7 +66,8 @@ if timeout 60 "$probe" --local 2 --memory nope > "$scratch/heap-bad" 2>&1; then
 fi
 UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/poll" "$probe" --local 2 --timeout 60 -b 64K -n 20 --lat-poll
 check "--lat-poll: the matrix says the latency was polled" 'half a round trip of 8 B, polled' "$scratch/poll"
-check "--lat-poll: 0->1 over ucx with a latency" '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' +32K ' "$scratch/poll"
+check "--lat-poll: 0->1 over ucx with a latency and an empty poll's cost" \
+  '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' +[1-9][0-9]* +32K ' "$scratch/poll"
 for net in ucx shm; do
   UCX_TLS=shm HMC_PATH=$net run "$scratch/notify-$net" "$probe" --local 2 --timeout 60 -b 64K -n 200 --put --notify
   check "--put --notify over $net: the matrix measures notified puts" 'with 64 KiB notified puts' "$scratch/notify-$net"

@@ -7,6 +7,7 @@
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
 //   --put --notify             ... of puts that each carry a notification the target waits for
 //   --lat-poll                 ... latency with Request::test polled back to back
+//                              (every matrix also gives what one empty poll costs, "poll ns")
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
 #include <cstdio>

@@ -11,7 +11,7 @@
 namespace hmc::probe {
 namespace {
 
-constexpr uint64_t kDataTag = 11, kAckTag = 12, kResultTag = 13;
+constexpr uint64_t kDataTag = 11, kAckTag = 12, kResultTag = 13, kPollTag = 14;
 constexpr int kWindow = 4;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -129,6 +129,26 @@ Result<double> latency(Communicator& c, int peer, bool first, int iters, bool po
   return seconds_since(t0) / iters / 2 * 1e6;
 }
 
+// What one poll costs when nothing is ready: `first` polls a receive its peer satisfies
+// only after (the work every waiting loop repeats: each provider in use, each connection).
+Result<double> empty_poll_ns(Communicator& c, int peer, bool first) {
+  constexpr int kPolls = 200000;
+  static uint8_t in = 0, out = 0;  // not on the stack: an error return may leave the receive posted
+  if (!first) {  // waits until the peer polled, then satisfies its receive
+    HMC_RETURN_IF_ERROR(c.recv(&in, 1, peer, kPollTag));
+    HMC_RETURN_IF_ERROR(c.send(&out, 1, peer, kPollTag));
+    return 0.0;
+  }
+  Request r = c.irecv(&in, 1, peer, kPollTag);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kPolls; ++i)
+    if (r.test()) return Status(ErrorCode::kInternal, "the poll probe's receive completed before its send");
+  const double ns = seconds_since(t0) / kPolls * 1e9;
+  HMC_RETURN_IF_ERROR(c.send(&out, 1, peer, kPollTag));
+  HMC_RETURN_IF_ERROR(r.wait());
+  return ns;
+}
+
 // Every rank's device name, on every rank.
 Result<std::vector<std::string>> all_devices(Communicator& c, const DeviceId& mine) {
   constexpr std::size_t kLen = 32;
@@ -195,11 +215,13 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_poll);
       if (!lat) return lat.status();
+      auto poll_ns = empty_poll_ns(c, peer, c.rank() == a);
+      if (!poll_ns) return poll_ns.status();
       if (c.rank() == a) {
         const auto& from = devices.value()[a], to = devices.value()[b];
         const bool host = from.starts_with("cpu") && to.starts_with("cpu");
         mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
-                        host ? "" : c.path(b).device_path, bw.value(), lat.value(), c.path(b).eager_limit});
+                        host ? "" : c.path(b).device_path, bw.value(), lat.value(), poll_ns.value(), c.path(b).eager_limit});
       }
     }
   }
@@ -208,12 +230,12 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   for (const auto& f : mine)
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                     {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
-                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"eager", f.eager_limit}});
+                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"poll", f.poll_ns}, {"eager", f.eager_limit}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
       all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"],
-                     r["eager"]});
+                     r["poll"], r["eager"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

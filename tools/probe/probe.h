@@ -18,6 +18,7 @@ struct PairFigures {
   std::string device_path;             // how device memory moved (IPC, staging), empty for host memory
   double bandwidth_gbps = 0;  // one way, `bytes` per message
   double latency_us = 0;      // half round trip of 8 bytes
+  double poll_ns = 0;         // one Request::test on `from` that finds nothing done
   std::size_t eager_limit = 0;  // larger messages go by rendezvous (PathInfo::eager_limit)
 };
 
