@@ -8,8 +8,15 @@
 // Released requests are kept and handed out again, so a message costs no heap
 // allocation once the table has as many as are in flight at once; the table owns
 // every request it ever made and frees them when it goes.
+//
+// Requests live in chunks that only grow (chunk i holds kFirstChunk << i), so any
+// thread can tell without the lock whether a handle is one of the table's slots:
+// `test` of a request still pending (the usual answer to a poll) takes no lock. A
+// slot not handed out holds kNotLive, never "pending", so a released or never-made
+// handle still goes the locked way and is refused there.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <mutex>
@@ -21,6 +28,7 @@
 namespace hmc_net {
 
 struct Request {
+  static constexpr int kNotLive = 2;  // the state of a slot not handed out
   std::atomic<int> state{HMC_PROV_IN_PROGRESS};  // 1 pending, 0 done, negative failed
   size_t bytes = 0;
   std::string message;
@@ -50,13 +58,17 @@ class RequestTable {
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
 
  private:
-  // Owned request of this handle (live or released), or null.
-  Request* find_locked(void* handle) const;
+  static constexpr size_t kFirstChunk = 64;
+  static constexpr size_t kMaxChunks = 32;  // 64 << 31 requests: more than memory holds
+  // The table's slot at this handle (live or not), or null; no lock needed.
+  Request* slot_of(void* handle) const;
   void release_locked(Request* req);
 
   std::mutex mu_;
-  std::vector<Request*> owned_;  // every request made, sorted by address
-  std::vector<Request*> free_;   // released, to hand out again
+  std::array<std::atomic<Request*>, kMaxChunks> chunks_{};  // chunk i: kFirstChunk << i slots
+  std::atomic<size_t> chunk_count_{0};
+  size_t slots_used_ = 0;       // slots of the last chunk handed out at least once (mu_)
+  std::vector<Request*> free_;  // released, to hand out again (mu_)
 };
 
 }  // namespace hmc_net

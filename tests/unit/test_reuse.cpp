@@ -66,6 +66,46 @@ TEST_CASE("request table hands released requests out again, fresh", "[reuse]") {
   CHECK(table.test(c, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
 }
 
+// test() answers "pending" without the table's lock; what it refuses must stay refused,
+// across the table's chunks, and a completion on another thread must reach the poller.
+TEST_CASE("request table: pending without the lock, unknown handles still refused", "[reuse]") {
+  RequestTable table;
+  char msg[64] = {0};
+  int done = -1;
+  size_t bytes = 0;
+  std::vector<Request*> reqs;
+  for (int i = 0; i < 1000; ++i) reqs.push_back(table.create());  // several chunks
+  for (Request* r : reqs) {
+    CHECK(table.test(r, &done, &bytes, msg, sizeof msg) == HMC_PROV_OK);
+    CHECK(done == 0);
+  }
+  // Inside a chunk but not at a request: refused, as is one byte past the first.
+  CHECK(table.test(reinterpret_cast<char*>(reqs[0]) + 1, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
+  CHECK(table.test(reinterpret_cast<char*>(reqs[999]) + 8, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
+  // A slot of the last chunk never handed out yet: refused.
+  CHECK(table.test(reqs[999] + 1, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
+  std::thread completer([&] {
+    for (std::size_t i = 0; i < reqs.size(); ++i) reqs[i]->complete(i + 1);
+  });
+  std::size_t seen = 0;
+  std::vector<bool> finished(reqs.size(), false);
+  while (seen < reqs.size())
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      if (finished[i]) continue;
+      REQUIRE(table.test(reqs[i], &done, &bytes, msg, sizeof msg) == HMC_PROV_OK);
+      if (!done) continue;
+      CHECK(bytes == i + 1);
+      finished[i] = true;
+      ++seen;
+    }
+  completer.join();
+  // Released, and discarded before anyone saw them: refused, not "pending".
+  for (Request* r : reqs) CHECK(table.test(r, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
+  Request* d = table.create();
+  table.discard(d);
+  CHECK(table.test(d, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
+}
+
 TEST_CASE("operations reuse their memory and start pending", "[reuse]") {
   auto engine = std::make_shared<hmc::core::ProgressEngine>();
   auto first = hmc::core::Operation::make(engine);
