@@ -75,15 +75,20 @@ hmc() {
     echo "compare-ucx: no ucx pair in hmc-probe's output:" >&2; cat "$scratch/hmc" >&2; return 1; }
 }
 
-# perftest TLS TEST SIZE ITERS -> the "Final:" line's fields
+# perftest TLS TEST SIZE ITERS -> the "Final:" line's fields. The port is random; one
+# still held by an earlier run (the server's bind fails) gets up to two more tries.
 perftest() {
-  local port=$(( 20000 + RANDOM % 20000 ))
-  UCX_TLS=$1 timeout "$run_timeout" ucx_perftest -p "$port" > "$scratch/srv" 2>&1 &
-  server=$!
-  sleep 0.5
-  UCX_TLS=$1 timeout "$run_timeout" ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" > "$scratch/cli" 2>&1 || true
-  wait "$server" 2>/dev/null || true
-  server=""
+  local try port
+  for try in 1 2 3; do
+    port=$(( 20000 + RANDOM % 20000 ))
+    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest -p "$port" > "$scratch/srv" 2>&1 &
+    server=$!
+    sleep 0.5
+    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" > "$scratch/cli" 2>&1 || true
+    wait "$server" 2>/dev/null || true
+    server=""
+    grep -q 'bind() failed' "$scratch/srv" || break
+  done
   awk '/^Final:/ { print; found = 1 } END { exit !found }' "$scratch/cli" || {
     echo "compare-ucx: ucx_perftest $2 failed:" >&2; cat "$scratch/cli" "$scratch/srv" >&2; return 1; }
 }
