@@ -185,7 +185,7 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
-  // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put: p2p.cpp).
+  // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put.cpp).
   void release_notifies(Peer& p);
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
