@@ -6,6 +6,11 @@
 
 #include "hmc/provider/net.h"
 
+// How often the host called progress (kinds 5 and 6): the polling tests read it by dlsym.
+extern "C" {
+__attribute__((visibility("default"))) int fake_progress_calls = 0;
+}
+
 namespace {
 
 int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t len) {
@@ -13,13 +18,13 @@ int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t le
   return HMC_PROV_ERR_UNAVAILABLE;
 }
 
-int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
+[[maybe_unused]] int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
   *state = nullptr;
   return HMC_PROV_OK;
 }
 
 // Kinds 5 and 6 load, then withdraw capabilities in props (caps_absent).
-int props_withdrawing(void*, hmc_net_props_t* p) {
+[[maybe_unused]] int props_withdrawing(void*, hmc_net_props_t* p) {
   p->latency_us = 1;
   p->bandwidth_gbps = 1;
   p->max_msg_size = 1 << 20;
@@ -53,6 +58,7 @@ hmc_net_provider_t make_table() {
 #if FAKE_KIND >= 5
   t.init = init_ok;
   t.props = props_withdrawing;
+  t.progress = [](void*) { return ++fake_progress_calls, 0; };
 #endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
   t.close_listener = [](void*, void*) { return 0; };
