@@ -1,6 +1,7 @@
 #include "common/request.h"
 
 #include <cstdint>
+#include <new>
 
 #include "common/host.h"
 
@@ -21,7 +22,7 @@ Request* RequestTable::create() {
   } else {
     size_t n = chunk_count_.load(std::memory_order_relaxed);
     if (n == 0 || slots_used_ == kFirstChunk << (n - 1)) {
-      if (n == kMaxChunks) return nullptr;
+      if (n == kMaxChunks) throw std::bad_alloc();  // as `new` would first; guarded() reports it
       auto* chunk = new Request[kFirstChunk << n];
       for (size_t k = 0; k < (kFirstChunk << n); ++k) chunk[k].state.store(Request::kNotLive, std::memory_order_relaxed);
       chunks_[n].store(chunk, std::memory_order_release);

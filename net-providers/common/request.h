@@ -59,7 +59,7 @@ class RequestTable {
 
  private:
   static constexpr size_t kFirstChunk = 64;
-  static constexpr size_t kMaxChunks = 32;  // 64 << 31 requests: more than memory holds
+  static constexpr size_t kMaxChunks = 32;  // 64 << 31 requests in the last: more than memory holds
   // The table's slot at this handle (live or not), or null; no lock needed.
   Request* slot_of(void* handle) const;
   void release_locked(Request* req);
