@@ -164,6 +164,9 @@ class CommImpl : public Progressable {
   // Keeps a provider request until it ends; a call that failed at once (rc, or no request)
   // runs `done` with the error now and returns it.
   Status track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
+  // Tests `req` once: when it ended, runs `done` with how (a lost peer marked lost) and
+  // returns true; false while it is pending (the request is then still the caller's).
+  bool ended(Peer& p, void* req, const std::function<void(const Status&)>& done);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags);

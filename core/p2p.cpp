@@ -542,6 +542,19 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
 }
 
+bool CommImpl::ended(Peer& p, void* req, const std::function<void(const Status&)>& done) {
+  int finished = 0;
+  std::size_t bytes = 0;
+  char message[256];
+  message[0] = 0;  // not the whole buffer: this runs for every request in flight on every poll
+  int rc = p.net->net->test(p.net->state, req, &finished, &bytes, message, sizeof(message));
+  if (rc == 0 && !finished) return false;
+  Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
+  done(s);
+  if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
+  return true;
+}
+
 bool CommImpl::progress_peer(Peer& p) {
   bool any = false;
   char message[256];
@@ -550,15 +563,8 @@ bool CommImpl::progress_peer(Peer& p) {
     current.clear();
     std::swap(current, p.inflight);
     for (auto& f : current) {
-      int done = 0;
-      std::size_t bytes = 0;
-      message[0] = 0;
-      int rc = p.net->net->test(p.net->state, f.req, &done, &bytes, message, sizeof(message));
-      if (rc == 0 && !done) { p.inflight.push_back(std::move(f)); continue; }
+      if (!ended(p, f.req, f.done)) { p.inflight.push_back(std::move(f)); continue; }
       any = true;
-      Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
-      f.done(s);
-      if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
     }
     current.clear();
   }

@@ -76,11 +76,11 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   // then fails here and notifies nobody, where a NOTIFY sent behind it would still arrive.
   std::shared_ptr<PendingNotify> pending;
   if (notify) {
-    pending = std::make_shared<PendingNotify>(PendingNotify{*notify, PendingNotify::kReady, part_done});
+    const auto state = bytes ? PendingNotify::kWaiting : PendingNotify::kReady;
+    pending = std::make_shared<PendingNotify>(PendingNotify{*notify, state, part_done});
     p.notify_after.push_back(pending);
   }
   if (bytes) {
-    if (pending) pending->state = PendingNotify::kWaiting;
     auto put_done = [this, peer, pending, part_done](const Status& st) {
       if (pending) pending->state = st.ok() ? PendingNotify::kReady : PendingNotify::kDropped;
       part_done(st);
@@ -88,19 +88,9 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     };
     void* req = nullptr;
     int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
-    // A put copied within the call (shm) is done already: its NOTIFY need not wait for a pass.
-    int done = 0;
-    std::size_t moved = 0;
-    char message[256] = "";
-    if (rc == 0 && req && pending) rc = p.net->net->test(p.net->state, req, &done, &moved, message, sizeof(message));
-    if (rc != 0) {
-      Status s = from_provider(rc, message[0] ? message : nullptr, "put to " + describe(p));
-      put_done(s);
-      if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
-      return op;
-    }
-    if (done) put_done({});
-    else (void)track(p, rc, req, std::move(put_done), "put");
+    // A put copied within the call (shm) has ended already: its NOTIFY need not wait for a pass.
+    if (rc == 0 && req && pending && ended(p, req, put_done)) return op;
+    (void)track(p, rc, req, std::move(put_done), "put");
     return op;
   }
   release_notifies(p);
