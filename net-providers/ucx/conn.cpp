@@ -19,6 +19,7 @@ namespace hmc_ucx {
 void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
   Conn* c = op->conn;
   if (c != nullptr) c->ops.erase(op);
+  else orphans_.erase(op);
   const bool ok = status == UCS_OK;
   const bool failed = c != nullptr && c->state == Conn::kFailed;
   const int fail_rc = failed ? c->error : c != nullptr ? HMC_PROV_ERR_PEER_LOST : HMC_PROV_ERR_CLOSED;

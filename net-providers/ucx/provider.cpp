@@ -466,6 +466,8 @@ Provider::~Provider() {
   regions_.clear();  // the last user of a mapping unmaps it
   allocations_.clear();
   if (worker_) ucp_worker_destroy(worker_);
+  for (Op* op : orphans_) delete op;  // no callback comes after the worker is gone
+  orphans_.clear();
   if (context_) ucp_cleanup(context_);
   if (epoll_ >= 0) close(epoll_);
   if (event_fd_ >= 0) close(event_fd_);
@@ -540,6 +542,7 @@ void Provider::keep_arrived(Conn& c, bool keep) {
 // their callbacks must not find the Conn, so they forget it now.
 void Provider::retire(std::unique_ptr<Conn> c) {
   for (Op* op : c->ops) {
+    orphans_.insert(op);
     op->conn = nullptr;
     op->recv = nullptr;
     // close_conn fails every pending request: a send or a put's flush that UCX still

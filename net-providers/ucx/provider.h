@@ -387,6 +387,9 @@ class Provider {
   std::unordered_map<uint64_t, std::unique_ptr<Region>> regions_;  // by id
   std::map<uintptr_t, std::shared_ptr<Mapping>> allocations_;  // mem_alloc's, by base address
   std::vector<void*> closing_;  // ep closes in flight
+  // Ops of closed connections that UCX still holds (a rendezvous receive whose sender died
+  // is never handed back): freed by their late callback, or after ucp_worker_destroy.
+  std::set<Op*> orphans_;
   std::vector<ucp_rkey_h> dead_rkeys_;  // destroyed once no put can use them
   std::set<uint32_t> pending_;  // connections with inbox or held work after a callback
   std::vector<std::pair<uint32_t, ucs_status_t>> broken_;  // connections to fail in drive() (broken())
