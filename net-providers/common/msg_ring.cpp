@@ -109,6 +109,7 @@ void SharedRing::copy_in(uint64_t pos, const void* src, uint64_t n) {
 }
 
 void SharedRing::copy(uint64_t from, char* dst, uint64_t n) const {
+  if (n == 0) return;  // dst may be null then
   const uint64_t at = (pos_ + sizeof(RingRecord) + from) & (cap_ - 1);
   const uint64_t first = std::min(n, cap_ - at);
   std::memcpy(dst, data_ + at, first);
