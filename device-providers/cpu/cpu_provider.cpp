@@ -314,6 +314,8 @@ constexpr hmc_device_provider_t kProvider = {
     .flag_alloc = nullptr,
     .flag_free = nullptr,
     .stream_wait_flag = nullptr,
+    .host_register = nullptr,
+    .host_unregister = nullptr,
 };
 
 }  // namespace

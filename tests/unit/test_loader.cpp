@@ -47,7 +47,8 @@ TEST_CASE("a net provider's withdrawn capabilities are gone from what the host r
   // under UCX_TLS=shm), so peers on other hosts never negotiate it.
   auto ctx = Context::create({{{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR}, {"HMC_PROVIDERS", "cpu,fakelocal"}}});
   REQUIRE(ctx.ok());
-  const ProviderInfo* p = find(ctx->providers(), "fakelocal");
+  const auto providers = ctx->providers();
+  const ProviderInfo* p = find(providers, "fakelocal");
   REQUIRE(p != nullptr);
   REQUIRE(p->available);
   CHECK_FALSE(p->caps & HMC_NET_CAP_REMOTE);
