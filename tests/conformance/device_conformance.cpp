@@ -1136,7 +1136,7 @@ TEST_CASE("work queued after stream_wait_flag waits for the flag", "[conformance
     // Whatever happens below, release the stream before it is destroyed.
     struct Release {
       volatile uint32_t* f;
-      ~Release() { *f = 0xffffffffu; }
+      ~Release() { __atomic_store_n(f, 0xffffffffu, __ATOMIC_RELEASE); }
     } release{flag};
     rc = s.p->stream_wait_flag(s.state, stream, flag, 2);
     INFO("stream_wait_flag: " << rc << " " << (rc ? s.error() : ""));
@@ -1152,11 +1152,11 @@ TEST_CASE("work queued after stream_wait_flag waits for the flag", "[conformance
       CHECK(s.p->stream_query(s.state, stream) == HMC_PROV_IN_PROGRESS);
       CHECK(s.p->event_query(s.state, event) == HMC_PROV_IN_PROGRESS);
       CHECK(first_difference(dst.read(n), poison) == "");  // the copy has not run
-      *flag = 1;  // below the value waited for: still waiting
+      __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);  // below the value waited for: still waiting
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       CHECK(s.p->event_query(s.state, event) == HMC_PROV_IN_PROGRESS);
       CHECK(first_difference(dst.read(n), poison) == "");
-      *flag = 3;  // >= 2: the stream goes on
+      __atomic_store_n(flag, 3u, __ATOMIC_RELEASE);  // >= 2: the stream goes on
       CHECK(wait_event(s, event));
       CHECK(first_difference(dst.read(n), data) == "");
       CHECK(s.p->event_destroy(s.state, event) == 0);
