@@ -114,8 +114,9 @@ typedef struct hmc_device_provider {
 
   /* Appended: stream-ordered completion (HMC_DEV_CAP_STREAM_FLAGS). A flag is a
    * 32-bit word in host memory that the device can read. The host sets it (a
-   * release store) when an operation finishes; work queued on `stream` after stream_wait_flag runs
-   * only once *flag >= value, without blocking any host thread. */
+   * release store) when an operation finishes; work queued on `stream` after
+   * stream_wait_flag runs only once *flag >= value, without blocking any host
+   * thread. */
   int (*flag_alloc)(void* state, int device, volatile uint32_t** flag);
   int (*flag_free)(void* state, volatile uint32_t* flag);
   int (*stream_wait_flag)(void* state, void* stream, volatile uint32_t* flag, uint32_t value);
