@@ -2,6 +2,7 @@
 // request table (net-providers/common/request.h), operations (core/progress.h) and the
 // collectives' bookkeeping vectors (collectives/reuse.h).
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -89,7 +90,8 @@ TEST_CASE("request table: pending without the lock, unknown handles still refuse
   });
   std::size_t seen = 0;
   std::vector<bool> finished(reqs.size(), false);
-  while (seen < reqs.size())
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen < reqs.size() && std::chrono::steady_clock::now() < deadline)
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       if (finished[i]) continue;
       REQUIRE(table.test(reqs[i], &done, &bytes, msg, sizeof msg) == HMC_PROV_OK);
@@ -99,6 +101,7 @@ TEST_CASE("request table: pending without the lock, unknown handles still refuse
       ++seen;
     }
   completer.join();
+  REQUIRE(seen == reqs.size());  // every completion reached the poller within the deadline
   // Released, and discarded before anyone saw them: refused, not "pending".
   for (Request* r : reqs) CHECK(table.test(r, &done, nullptr, msg, sizeof msg) == HMC_PROV_ERR_INVALID);
   Request* d = table.create();
