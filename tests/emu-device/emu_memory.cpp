@@ -230,7 +230,7 @@ int copy(void* state, void* dst, const void* src, size_t bytes, void* stream) {
   if (rc != HMC_PROV_OK) return rc;
   Op op;
   op.run = [d, from, bytes] { return std::memmove(d.host, from.host, bytes), HMC_PROV_OK; };
-  return submit(s, "copy", stream, std::move(op));
+  return submit(s, "copy", stream, std::move(op), queue_device(s, {dst, src}));
 }
 
 // Every device of the emulator reaches every other: copies go through shadows.

@@ -30,6 +30,7 @@
 
 #include "cpu_reduce.h"
 #include "emu_ops.h"
+#include "emu_stream.h"
 
 namespace hmc::emu {
 namespace {
@@ -49,6 +50,10 @@ constexpr hmc_param_t kParams[] = {
     {"HMC_EMU_FAIL_STREAM_OP", "int", "0",
      "the n-th stream operation of this process (counted from 1 over all streams) fails, to test "
      "error paths; 0: none"},
+    {"HMC_EMU_QUEUES", "int", "0",
+     "hardware queues per device that the streams share, as CUDA_DEVICE_MAX_CONNECTIONS: work "
+     "runs in submission order across the streams of a queue and a wait at its head holds it "
+     "all (synchronous work takes the calling thread's queue); 0: every stream its own"},
     {"HMC_EMU_REGISTER_LOG", "string", "",
      "file that host_register/host_unregister append their events to, and fini the streams, "
      "events and flags the host left (tests count them)"},
@@ -151,7 +156,7 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   s->host = *host;
   s->cpu.wide = hmc::cpu::wide_kernels_supported();
   long devices = 2;
-  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0;
+  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0, queues = 0;
   s->memory = uint64_t{4} << 30;
   int rc = HMC_PROV_ERR_INVALID;
   if (read_int(*host, "HMC_EMU_DEVICES", 1, 64, &devices, reason, reason_len) &&
@@ -159,12 +164,20 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
       read_int(*host, "HMC_EMU_STREAM_DELAY_US", 0, 10000000, &delay, reason, reason_len) &&
       read_int(*host, "HMC_EMU_STREAM_WAKE", 0, 1, &stream_wake, reason, reason_len) &&
       read_int(*host, "HMC_EMU_QUERY_LAG_US", 0, 1000000, &query_lag, reason, reason_len) &&
-      read_int(*host, "HMC_EMU_FAIL_STREAM_OP", 0, 1L << 40, &fail_op, reason, reason_len)) {
+      read_int(*host, "HMC_EMU_FAIL_STREAM_OP", 0, 1L << 40, &fail_op, reason, reason_len) &&
+      read_int(*host, "HMC_EMU_QUEUES", 0, 128, &queues, reason, reason_len)) {
     s->devices = static_cast<int>(devices);
     s->delay_us = static_cast<uint32_t>(delay);
     s->stream_wake = stream_wake != 0;
     s->query_lag_us = static_cast<uint32_t>(query_lag);
     s->fail_op = static_cast<uint64_t>(fail_op);
+    s->queues = static_cast<uint32_t>(queues);
+    if (queues > 0) {
+      s->channels.resize(s->devices);
+      for (auto& d : s->channels)
+        for (long q = 0; q < queues; ++q) d.push_back(std::make_shared<Channel>());
+      s->next_channel.assign(s->devices, 0);
+    }
     char path[512];
     if (read_param(*host, "HMC_EMU_REGISTER_LOG", path, sizeof(path), reason, reason_len)) {
       s->register_log = path;
@@ -175,8 +188,8 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
     delete s;
     return rc;
   }
-  log(s, HMC_LOG_DEBUG, "%d emulated devices of %llu bytes at %p, stream delay %u us", s->devices,
-      static_cast<unsigned long long>(s->memory), s->range, s->delay_us);
+  log(s, HMC_LOG_DEBUG, "%d emulated devices of %llu bytes at %p, stream delay %u us, %u queues (0: per stream)", s->devices,
+      static_cast<unsigned long long>(s->memory), s->range, s->delay_us, s->queues);
   *state = s;
   return HMC_PROV_OK;
 }

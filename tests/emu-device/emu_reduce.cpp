@@ -60,7 +60,7 @@ int reduce(void* state, void* dst, const void* a, const void* b, size_t count, i
   work.run = [s, d, x, y, count, dtype, op] {
     return hmc::cpu::reduce(&s->cpu, d.host, x.host, y.host, count, dtype, op, nullptr);
   };
-  return submit(s, "reduce", stream, std::move(work));
+  return submit(s, "reduce", stream, std::move(work), queue_device(s, {dst, a, b}));
 }
 
 int divide(void* state, void* buf, size_t count, int dtype, uint64_t divisor, void* stream) {
@@ -77,7 +77,7 @@ int divide(void* state, void* buf, size_t count, int dtype, uint64_t divisor, vo
   work.run = [s, v, count, dtype, divisor] {
     return hmc::cpu::divide(&s->cpu, v.host, count, dtype, divisor, nullptr);
   };
-  return submit(s, "divide", stream, std::move(work));
+  return submit(s, "divide", stream, std::move(work), queue_device(s, {buf}));
 }
 
 }  // namespace hmc::emu

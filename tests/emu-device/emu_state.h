@@ -51,6 +51,7 @@ struct Window {
 };
 
 class Stream;
+class Channel;
 struct Event;
 
 struct State {
@@ -61,6 +62,7 @@ struct State {
   bool stream_wake = true;  // HMC_EMU_STREAM_WAKE
   uint32_t query_lag_us = 0;  // HMC_EMU_QUERY_LAG_US
   uint64_t fail_op = 0;     // HMC_EMU_FAIL_STREAM_OP: this stream operation (1-based) fails
+  uint32_t queues = 0;      // HMC_EMU_QUEUES: hardware queues per device (0: one per stream)
   std::atomic<uint64_t> stream_ops{0};  // stream operations started, for fail_op
   std::string register_log;  // HMC_EMU_REGISTER_LOG: file that host_register events go to
   hmc::cpu::State cpu;      // handed to the cpu reduce kernels
@@ -79,6 +81,8 @@ struct State {
   std::map<const void*, std::shared_ptr<Stream>> streams;
   std::map<const void*, std::shared_ptr<Event>> events;
   std::map<const void*, std::shared_ptr<std::atomic<uint32_t>>> flags;  // queued waits share them
+  std::vector<std::vector<std::shared_ptr<Channel>>> channels;  // [device][queue], with HMC_EMU_QUEUES
+  std::vector<uint32_t> next_channel;                            // [device]: round robin
 };
 
 // A host view of device or host memory: the shadow for device memory (kept alive by

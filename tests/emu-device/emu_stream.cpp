@@ -58,7 +58,52 @@ std::shared_ptr<T> find(State* s, std::map<const void*, std::shared_ptr<T>>& tab
 
 }  // namespace
 
-Stream::Stream(State* s, int device) : s_(s), device_(device) {
+uint64_t Channel::ticket() {
+  std::lock_guard lock(mu_);
+  return next_++;
+}
+
+bool Channel::wait_turn(uint64_t t, const std::function<bool()>& stop) {
+  std::unique_lock lock(mu_);
+  while (head_ != t) {
+    if (stop && stop()) return false;
+    cv_.wait_for(lock, kMaxPoll);
+  }
+  return true;
+}
+
+void Channel::done(uint64_t t) {
+  {
+    std::lock_guard lock(mu_);
+    finished_.insert(t);
+    while (!finished_.empty() && *finished_.begin() == head_) {
+      finished_.erase(finished_.begin());
+      ++head_;
+    }
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<Channel> channel_for(State* s, int device, bool this_thread) {
+  if (s->queues == 0 || device < 0 || device >= static_cast<int>(s->channels.size())) return nullptr;
+  std::lock_guard lock(s->obj_mu);
+  auto& queues = s->channels[device];
+  const std::size_t i = this_thread ? std::hash<std::thread::id>{}(std::this_thread::get_id()) % queues.size()
+                                    : s->next_channel[device]++ % queues.size();
+  return queues[i];
+}
+
+int queue_device(const State* s, std::initializer_list<const void*> pointers) {
+  int imported = -1;
+  for (const void* p : pointers) {
+    const int w = window_of(s, p);
+    if (w >= 0 && w < s->devices) return w;
+    if (w == s->devices) imported = 0;
+  }
+  return imported;
+}
+
+Stream::Stream(State* s, int device) : s_(s), device_(device), channel_(channel_for(s, device, false)) {
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -74,6 +119,7 @@ Stream::~Stream() {
 int Stream::submit(Op op) {
   std::lock_guard lock(mu_);
   if (error_ != 0) return fail(error_, "%s", error_text_.c_str());
+  if (channel_) op.ticket = channel_->ticket();
   queue_.push_back(std::move(op));
   cv_.notify_all();
   return HMC_PROV_OK;
@@ -120,12 +166,17 @@ void Stream::worker() {
       failed = error_ != 0;
       if (failed) why = error_text_;
     }
-    if (!failed && s_->delay_us > 0) {
+    // Its turn in the hardware queue first: a stream being destroyed gives up waiting.
+    const bool turn = failed || !channel_ || channel_->wait_turn(op.ticket, [this] {
+      std::lock_guard lock(mu_);
+      return stopping_;
+    });
+    if (!failed && turn && s_->delay_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(s_->delay_us));
     }
     if (failed) {
       if (op.drop) op.drop(why);
-    } else if (!wait_ready(op)) {
+    } else if (!turn || !wait_ready(op)) {
       why = "stream destroyed while waiting: its queued work was dropped";
       if (op.drop) op.drop(why);
       fail_with(HMC_PROV_ERR_CLOSED, why);
@@ -139,6 +190,7 @@ void Stream::worker() {
       fail_with(rc, last_error_text());
       log(s_, HMC_LOG_WARN, "stream of device %d failed: %s", device_, last_error_text());
     }
+    if (channel_) channel_->done(op.ticket);
     {
       std::lock_guard lock(mu_);
       busy_ = false;
@@ -147,14 +199,19 @@ void Stream::worker() {
   }
 }
 
-int submit(State* s, const char* what, void* stream, Op op) {
-  if (stream == nullptr) {  // synchronous, on the caller
+int submit(State* s, const char* what, void* stream, Op op, int device) {
+  if (stream == nullptr) {  // synchronous, on the caller, in its turn of the thread's queue
+    const auto channel = channel_for(s, device, true);
+    const uint64_t t = channel ? channel->ticket() : 0;
+    if (channel) channel->wait_turn(t, nullptr);
     auto poll = std::chrono::duration_cast<Clock::duration>(kMinPoll);
     while (op.ready && !op.ready()) {
       std::this_thread::sleep_for(poll);
       poll = std::min<Clock::duration>(poll * 2, kMaxPoll);
     }
-    return op.run ? op.run() : HMC_PROV_OK;
+    const int rc = op.run ? op.run() : HMC_PROV_OK;
+    if (channel) channel->done(t);
+    return rc;
   }
   int rc = HMC_PROV_OK;
   const auto st = find(s, s->streams, stream, what, "stream", &rc);

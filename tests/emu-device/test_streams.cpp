@@ -1,6 +1,7 @@
 // Streams of the emulated device: asynchronous and in order (shown with a per-operation
-// delay), stream_wait_flag and events hold work back, destroy ends a blocked stream,
-// and foreign handles are refused.
+// delay), stream_wait_flag and events hold work back, streams sharing a hardware queue
+// (HMC_EMU_QUEUES) hold each other back, destroy ends a blocked stream, and foreign
+// handles are refused.
 #include <catch2/catch.hpp>
 
 #include <future>
@@ -130,6 +131,51 @@ TEST_CASE("destroying a stream blocked on a flag ends and drops its work", "[emu
   CHECK(emu.wait(emu.p->stream_query, waiter) == HMC_PROV_ERR_CLOSED);  // its wait failed
   CHECK(emu.p->stream_query(emu.state, blocked) == HMC_PROV_ERR_INVALID);  // gone
   emu.p->event_destroy(emu.state, event);
+  emu.p->flag_free(emu.state, flag);
+  emu.free(0, dev);
+}
+
+TEST_CASE("streams that share a hardware queue wait behind each other's waits", "[emu][streams][flags]") {
+  // HMC_EMU_QUEUES=1: every stream of a device, and synchronous work, in one queue.
+  Plugin emu{HMC_EMU_PLUGIN, {{"HMC_EMU_QUEUES", "1"}}};
+  REQUIRE(emu.init_rc == HMC_PROV_OK);
+  void* waiting = nullptr;
+  void* other = nullptr;
+  REQUIRE(emu.p->stream_create(emu.state, 0, &waiting) == 0);
+  REQUIRE(emu.p->stream_create(emu.state, 0, &other) == 0);
+  volatile uint32_t* flag = nullptr;
+  REQUIRE(emu.p->flag_alloc(emu.state, 0, &flag) == 0);
+  void* dev = emu.alloc(0, kBytes);
+  emu.write(dev, std::vector<uint8_t>(kBytes, 0xa5));
+  const auto src = random_bytes(kBytes, 11);
+  REQUIRE(emu.p->stream_wait_flag(emu.state, waiting, flag, 1) == 0);
+  // Another stream's copy, queued after the wait, does not run before the flag is set...
+  REQUIRE(emu.p->copy(emu.state, dev, src.data(), kBytes, other) == 0);
+  std::this_thread::sleep_for(100ms);
+  CHECK(emu.p->stream_query(emu.state, other) == HMC_PROV_IN_PROGRESS);
+  // ... nor does a synchronous copy of the device's memory.
+  std::vector<uint8_t> back(kBytes, 0);
+  auto sync_copy = std::async(std::launch::async, [&] { return emu.p->copy(emu.state, back.data(), dev, kBytes, nullptr); });
+  CHECK(sync_copy.wait_for(100ms) == std::future_status::timeout);
+  __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);
+  CHECK(emu.wait(emu.p->stream_query, other) == HMC_PROV_OK);
+  REQUIRE(sync_copy.wait_for(10s) == std::future_status::ready);
+  CHECK(sync_copy.get() == 0);
+  CHECK(back == src);  // in queue order: the stream's copy first
+  // Host-to-host copies take no queue. A stream destroyed while its wait holds the queue
+  // ends, and the queue goes on.
+  __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
+  REQUIRE(emu.p->stream_wait_flag(emu.state, waiting, flag, 1) == 0);
+  std::vector<uint8_t> a(64, 1), b(64, 0);
+  CHECK(emu.p->copy(emu.state, b.data(), a.data(), 64, nullptr) == 0);
+  CHECK(a == b);
+  REQUIRE(emu.p->copy(emu.state, dev, a.data(), 64, other) == 0);
+  std::this_thread::sleep_for(50ms);
+  CHECK(emu.p->stream_query(emu.state, other) == HMC_PROV_IN_PROGRESS);
+  CHECK(emu.p->stream_destroy(emu.state, waiting) == 0);
+  CHECK(emu.wait(emu.p->stream_query, other) == HMC_PROV_OK);
+  CHECK(emu.read(dev, 64) == a);
+  CHECK(emu.p->stream_destroy(emu.state, other) == 0);
   emu.p->flag_free(emu.state, flag);
   emu.free(0, dev);
 }
