@@ -19,12 +19,19 @@ Status invalid(std::string why) { return {ErrorCode::kInvalidArgument, std::move
 
 }  // namespace
 
-Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream) {
+Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream,
+                                                        core::StreamCopies copies) {
   if (!stream) return std::shared_ptr<core::StreamOrder>();
   if (!where)
     return Status(ErrorCode::kInvalidArgument, "a stream was given but no device buffer tells which device it belongs to");
   auto mem = ctx.mem_info(where, 1);
-  return core::StreamOrder::create(ctx, mem.provider, mem.device, stream);
+  return core::StreamOrder::create(ctx, mem.provider, mem.device, stream, std::move(copies));
+}
+
+Result<StreamStage> stage_for(core::ContextImpl& ctx, const CommState& state, void* stream, const void* where,
+                              const std::vector<Extent>& in, const std::vector<Extent>& out) {
+  if (!stream || !state.settings.stream_stage) return StreamStage();
+  return StreamStage::make(ctx, state.scratch, where, in, out);
 }
 
 Request failed_request(Status s) { return Request(core::Operation::failed(std::move(s))); }
@@ -67,11 +74,22 @@ Request Call::run(const Build& build) {
   if (int64_t pieces = settings.max_chunks; pieces > 0)
     chunk_bytes = std::max(chunk_bytes, algo_bytes / static_cast<std::size_t>(pieces));
   const std::size_t esz = dtype_size(dtype);
+  if (in.empty() && out.empty() && ccl) {
+    in = {{ccl->send, ccl->send_bytes}};
+    out = {{ccl->recv, ccl->recv_bytes}};
+  }
+  auto stage = stage_for(ctx, state, empty ? nullptr : opt_.stream, where, in, out);
+  if (!stage) return failed_request(prefixed(stage.status()));
   Schedule sched;
-  Scratch scratch(ctx, ctx.device_of(where), state.scratch);
+  // Staged, the schedule runs on host copies: its scratch is host memory too.
+  Scratch scratch(ctx, stage->empty() ? ctx.device_of(where) : DeviceId{}, state.scratch);
   Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
   if (!empty)
     if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));
+  if (!stage->empty()) {
+    stage->rebase(sched);
+    scratch.hold(stage->keep());
+  }
   CollSpec spec{name, dtype, op && *op != ReduceOp::kAvg ? *op : ReduceOp::kSum, static_cast<uint64_t>(size_),
                 result_bytes};
   auto coll = std::make_unique<CollOp>(ci, tag_base(seq_), spec, std::move(sched), std::move(scratch));
@@ -85,7 +103,7 @@ Request Call::run(const Build& build) {
     mine.algo = static_cast<int32_t>(algo.value());
     coll->add_check(mine, to_peer, from_peer);
   }
-  auto order = stream_order(ctx, where, opt_.stream);
+  auto order = stream_order(ctx, where, opt_.stream, stage->copies());
   if (!order) return failed_request(prefixed(order.status()));
   Request result(coll->result());
   Driver::of(ctx.engine()).launch(std::move(coll), std::move(order.value()));

@@ -9,14 +9,21 @@
 #include "collectives/ccl.h"
 #include "collectives/plan.h"
 #include "collectives/select.h"
+#include "collectives/stream_stage.h"
 #include "core/stream_order.h"
 #include "hmc/collectives.h"
 
 namespace hmc::coll {
 
+struct CommState;  // comm_state.h
 Request failed_request(Status s);
-// The stream binding of an operation on `where`'s device, or null without a stream.
-Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream);
+// The stream binding of an operation on `where`'s device, or null without a stream;
+// `copies` are queued around its wait (stream_stage.h).
+Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, const void* where, void* stream,
+                                                        core::StreamCopies copies = {});
+// The host staging of a call on `stream` (none without one, or with HMC_STREAM_STAGE=0).
+Result<StreamStage> stage_for(core::ContextImpl& ctx, const CommState& state, void* stream, const void* where,
+                              const std::vector<Extent>& in, const std::vector<Extent>& out);
 
 class Call {
  public:
@@ -40,6 +47,9 @@ class Call {
   const void* where = nullptr;   // a user buffer: scratch goes on its device
   // all_to_all_v: elements sent to / expected from each rank, for the argument check.
   std::vector<uint64_t> to_peer, from_peer;
+  // The user buffers it reads and writes, for host staging on a stream (stream_stage.h);
+  // taken from `ccl` when both are left empty.
+  std::vector<Extent> in, out;
   // Set by the collectives a vendor library can run (ccl.h): tried before HMC's schedule.
   std::optional<CclWork> ccl;
 

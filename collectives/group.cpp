@@ -6,6 +6,7 @@
 // groups, exactly as NCCL pairs them. Sizes must match exactly (else kMismatch).
 #include "collectives/call.h"
 #include "collectives/coll_op.h"
+#include "collectives/comm_state.h"
 #include "collectives/driver.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
@@ -53,10 +54,20 @@ Request Group::end(const CollOptions& opt) {
     total += it.bytes;
   }
   core::ContextImpl& ctx = ci.context();
+  const void* where = items.empty() ? nullptr : items.front().buf;
+  std::vector<coll::Extent> in, out;
+  for (const Item& it : items) (it.is_send ? in : out).push_back({it.buf, it.bytes});
+  auto stage = coll::stage_for(ctx, coll::comm_state(ci), opt.stream, where, in, out);
+  if (!stage) return reject(stage.status());
+  coll::Scratch scratch(ctx, DeviceId{});
+  if (!stage->empty()) {
+    stage->rebase(sched);
+    scratch.hold(stage->keep());
+  }
   coll::CollSpec spec{"group", DataType::kUint8, ReduceOp::kSum, 1, total};
-  auto order = coll::stream_order(ctx, items.empty() ? nullptr : items.front().buf, opt.stream);
+  auto order = coll::stream_order(ctx, where, opt.stream, stage->copies());
   if (!order) return reject(order.status());
-  auto op = std::make_unique<coll::CollOp>(ci, 0, spec, std::move(sched), coll::Scratch(ctx, DeviceId{}));
+  auto op = std::make_unique<coll::CollOp>(ci, 0, spec, std::move(sched), std::move(scratch));
   Request result(op->result());
   coll::Driver::of(ctx.engine()).launch(std::move(op), std::move(order.value()));
   return result;

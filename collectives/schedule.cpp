@@ -1,5 +1,7 @@
 #include "collectives/schedule.h"
 
+#include <cstdint>
+
 #include "collectives/reuse.h"
 
 namespace hmc::coll {
@@ -37,6 +39,20 @@ ActionId Schedule::divide(void* buf, std::size_t count, Deps deps) {
 }
 
 ActionId Schedule::join(Deps deps) { return add({ActKind::kJoin}, deps); }
+
+void Schedule::rebase(const void* from, std::size_t bytes, void* to) {
+  const auto* lo = static_cast<const uint8_t*>(from);
+  auto* dst = static_cast<uint8_t*>(to);
+  auto move = [&](auto*& p) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (b && b >= lo && b <= lo + bytes) p = dst + (b - lo);
+  };
+  for (Action& a : actions_) {
+    move(a.dst);
+    move(a.a);
+    move(a.b);
+  }
+}
 
 void Schedule::depend(ActionId action, ActionId on) {
   if (action != kNoAction && on != kNoAction) edges_.emplace_back(on, action);

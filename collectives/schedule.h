@@ -70,6 +70,9 @@ class Schedule {
   void depend(ActionId action, ActionId on);
   // Makes every action that waits for nothing wait for `gate` (which must be a new action).
   void gate_roots(ActionId gate);
+  // Moves every pointer in [from, from + bytes] to the same offset from `to` (the end
+  // too: an empty action may point there).
+  void rebase(const void* from, std::size_t bytes, void* to);
 
   std::size_t size() const { return actions_.size(); }
   const Action& at(ActionId id) const { return actions_[id]; }

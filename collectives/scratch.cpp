@@ -6,6 +6,7 @@
 #include <new>
 
 #include "core/context_impl.h"
+#include "core/plugin_registry.h"
 
 namespace hmc::coll {
 namespace {
@@ -62,8 +63,41 @@ void ScratchPool::give_host(uint8_t* block, std::size_t size) {
   Scratch::HeapFree{}(block);
 }
 
+Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t& size) {
+  {
+    std::lock_guard lock(mu_);
+    auto best = staging_.end();
+    for (auto it = staging_.begin(); it != staging_.end(); ++it)
+      if (it->p == p && it->size >= bytes && (best == staging_.end() || it->size < best->size)) best = it;
+    if (best != staging_.end()) {
+      uint8_t* block = best->block;
+      size = best->size;
+      staging_.erase(best);
+      return block;
+    }
+  }
+  size = std::bit_ceil(std::max<std::size_t>(bytes, kMinBlock));
+  auto* block = static_cast<uint8_t*>(::operator new(size, kAlign, std::nothrow));
+  if (!block) return Status(ErrorCode::kNoMemory, "host staging of " + std::to_string(size) + " bytes");
+  if (p->dev->host_register(p->state, block, size) != 0) {
+    Scratch::HeapFree{}(block);
+    return Status(ErrorCode::kUnsupported, p->name + " could not register " + std::to_string(size) +
+                                               " bytes of host staging: " + core::provider_error(*p));
+  }
+  return block;
+}
+
+void ScratchPool::give_staging(core::LoadedProvider* p, uint8_t* block, std::size_t size) {
+  std::lock_guard lock(mu_);
+  staging_.push_back({p, block, size});
+}
+
 ScratchPool::~ScratchPool() {
   for (auto& [block, size] : host_) Scratch::HeapFree{}(block);
+  for (auto& st : staging_) {
+    st.p->dev->host_unregister(st.p->state, st.block);
+    Scratch::HeapFree{}(st.block);
+  }
 }
 
 Scratch::~Scratch() {
@@ -101,6 +135,8 @@ Result<uint8_t*> Scratch::get(std::size_t bytes) {
 void Scratch::leak() {
   for (auto& h : heap_) (void)h.first.release();
   heap_.clear();
+  for (auto& h : held_) new std::shared_ptr<void>(std::move(h));  // never released
+  held_.clear();
   // Never destroyed: Memory's destructor would free. The provider releases it at fini.
   static auto* graveyard = new std::vector<Memory>();
   static std::mutex mu;

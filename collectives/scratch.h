@@ -14,6 +14,7 @@
 
 namespace hmc::core {
 class ContextImpl;
+struct LoadedProvider;
 }
 
 namespace hmc::coll {
@@ -38,12 +39,23 @@ class ScratchPool {
   uint8_t* take_host(std::size_t bytes, std::size_t& size);
   // Keeps a host block for later, or frees it when kHostKept are kept already.
   void give_host(uint8_t* block, std::size_t size);
+  // A host block of at least `bytes` registered with `p` (host_register), for the copies
+  // of stream-ordered collectives (stream_stage.h); its size in `size`. Blocks stay
+  // registered while kept: unregistering may wait for the whole device, as freeing does.
+  Result<uint8_t*> take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t& size);
+  void give_staging(core::LoadedProvider* p, uint8_t* block, std::size_t size);
   ~ScratchPool();
 
  private:
+  struct Staging {
+    core::LoadedProvider* p;
+    uint8_t* block;
+    std::size_t size;
+  };
   std::mutex mu_;
   std::vector<Memory> free_;
   std::vector<std::pair<uint8_t*, std::size_t>> host_;
+  std::vector<Staging> staging_;
 };
 
 class Scratch {
@@ -60,6 +72,9 @@ class Scratch {
   // Gives the memory up without freeing it: a failed collective may leave receives posted
   // into it, and a late message must not land in freed memory.
   void leak();
+  // Memory the collective uses that someone else owns too (a stream's host staging): it
+  // is released with the scratch, or never when the scratch is leaked.
+  void hold(std::shared_ptr<void> owner) { held_.push_back(std::move(owner)); }
 
   // Frees a host block (aligned operator new).
   struct HeapFree {
@@ -72,6 +87,7 @@ class Scratch {
   std::shared_ptr<ScratchPool> pool_;
   std::vector<std::pair<std::unique_ptr<uint8_t, HeapFree>, std::size_t>> heap_;  // block, size
   std::vector<Memory> device_mem_;
+  std::vector<std::shared_ptr<void>> held_;
 };
 
 }  // namespace hmc::coll

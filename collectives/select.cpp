@@ -140,6 +140,7 @@ CollSettings CollSettings::read(const core::Config& cfg) {
   s.shm_max = cfg.size("HMC_SHM_COLL_MAX");
   s.max_chunks = cfg.integer("HMC_COLL_MAX_CHUNKS");
   s.ccl = cfg.str("HMC_CCL");
+  s.stream_stage = cfg.flag("HMC_STREAM_STAGE");
   return s;
 }
 

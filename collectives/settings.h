@@ -26,6 +26,7 @@ struct CollSettings {
   std::size_t shm_max = 0;                 // HMC_SHM_COLL_MAX (0: no limit)
   int64_t max_chunks = 0;                  // HMC_COLL_MAX_CHUNKS
   std::string ccl;                         // HMC_CCL
+  bool stream_stage = true;                // HMC_STREAM_STAGE (stream_stage.h)
 
   static CollSettings read(const core::Config& cfg);
 };

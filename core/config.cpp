@@ -116,6 +116,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_COLL_CHUNK", ParamType::kSize, "1M", "collectives cut messages into chunks of this size so transfer and reduction overlap"},
       {"HMC_COLL_MAX_CHUNKS", ParamType::kInt, "64", "larger collectives use chunks of size/HMC_COLL_MAX_CHUNKS instead (fewer handshakes; set alike on every rank)"},
       {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},
+      {"HMC_STREAM_STAGE", ParamType::kBool, "1", "stream-ordered collectives copy their device buffers through registered host memory on the stream, so that they queue no device work after the call (0: they run on the device buffers, faster on one host, and hang wherever streams share a hardware queue)"},
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
       {"HMC_SHM_COLL", ParamType::kBool, "1", "all_reduce, reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
       {"HMC_SHM_COLL_MAX", ParamType::kSize, "0", "only collectives of up to this much input per rank go through the shared-memory segments of HMC_SHM_COLL; 0: no limit (set alike on every rank; 4K suits buffers from Context::alloc(kShareable), see docs/collectives.md)"},

@@ -7,7 +7,8 @@
 
 namespace hmc::core {
 
-Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, LoadedProvider* p, int device, void* stream) {
+Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, LoadedProvider* p, int device, void* stream,
+                                                         StreamCopies copies) {
   constexpr uint64_t kNeed = HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_STREAM_FLAGS;
   if ((p->dev->caps & kNeed) != kNeed)
     return Status(ErrorCode::kUnsupported, "device provider " + p->name +
@@ -20,19 +21,28 @@ Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, Loade
     return Status(ErrorCode::kInternal, std::string(what) + " on " + p->name + " failed: " + provider_error(*p));
   };
   const auto* d = p->dev;
+  o->keep_ = std::move(copies.keep);
+  for (const StreamCopy& c : copies.in)
+    if (d->copy(p->state, c.dst, c.src, c.bytes, stream) != 0) return fail("queueing a copy on the stream");
   if (d->event_create(p->state, device, &o->before_) != 0) return fail("creating an event");
   if (d->event_record(p->state, o->before_, stream) != 0) return fail("recording an event on the stream");
   if (ctx.stream_retirement().take_flag(p, device, &o->flag_) != 0) return fail("allocating a stream flag");
   *o->flag_ = 0;
   if (d->event_create(p->state, device, &o->after_) != 0) return fail("creating an event");
   if (d->stream_wait_flag(p->state, stream, o->flag_, 1) != 0) return fail("queueing a flag wait on the stream");
-  // Recorded behind the wait: once it completes, the flag may be freed.
-  if (d->event_record(p->state, o->after_, stream) != 0) {
-    Status s = fail("recording an event behind the flag wait");
+  // Queued behind the wait: the stream may run them at any time from now on, so on
+  // failure the flag is set and neither it nor what the copies read is ever freed.
+  auto give_up = [&](const char* what) {
+    Status s = fail(what);
     __atomic_store_n(o->flag_, 1u, __ATOMIC_RELEASE);
-    o->flag_ = nullptr;  // the stream may read it at any time: never freed
+    o->flag_ = nullptr;
+    new std::shared_ptr<void>(std::move(o->keep_));  // leaked on purpose
     return s;
-  }
+  };
+  for (const StreamCopy& c : copies.out)
+    if (d->copy(p->state, c.dst, c.src, c.bytes, stream) != 0) return give_up("queueing a copy behind the flag wait");
+  // Recorded behind the wait: once it completes, the flag may be freed.
+  if (d->event_record(p->state, o->after_, stream) != 0) return give_up("recording an event behind the flag wait");
   o->finished_ = false;
   ctx.engine()->hold();
   return o;
@@ -44,6 +54,9 @@ StreamOrder::~StreamOrder() {
     return;
   }
   // Never reached the stream: free here. After finish() the retirement list owns them.
+  // Copies queued before the step that failed may still write what keep_ holds, and no
+  // event tells when they are done: it is never freed (a provider failure, rare).
+  if (keep_) new std::shared_ptr<void>(std::move(keep_));  // leaked on purpose
   if (flag_ || before_ || after_) ctx_.stream_retirement().add(p_, device_, flag_, after_, before_);
 }
 
@@ -57,7 +70,7 @@ void StreamOrder::finish() {
   if (finished_) return;
   finished_ = true;
   __atomic_store_n(flag_, 1u, __ATOMIC_RELEASE);
-  ctx_.stream_retirement().add(p_, device_, flag_, after_, before_);
+  ctx_.stream_retirement().add(p_, device_, flag_, after_, before_, std::move(keep_));
   flag_ = nullptr;
   after_ = before_ = nullptr;
   ctx_.engine()->release();
@@ -76,15 +89,18 @@ StreamRetirement::~StreamRetirement() {
   for (auto& e : entries_) {
     if (e.before) e.p->dev->event_destroy(e.p->state, e.before);
     if (e.after) e.p->dev->event_destroy(e.p->state, e.after);
-    // A stream still waiting on this flag would read freed memory: keep it.
+    // A stream still waiting on this flag would read freed memory: keep it, and the host
+    // memory its copies read.
+    new std::shared_ptr<void>(std::move(e.keep));  // leaked on purpose
     HMC_LOG("core", warn, "a device stream had not passed an HMC flag at context destruction; leaking the flag");
   }
   for (auto& f : spare_) f.p->dev->flag_free(f.p->state, f.flag);
 }
 
-void StreamRetirement::add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before) {
+void StreamRetirement::add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before,
+                           std::shared_ptr<void> keep) {
   std::lock_guard lock(mu_);
-  entries_.push_back({p, device, flag, after, before});
+  entries_.push_back({p, device, flag, after, before, std::move(keep)});
 }
 
 int StreamRetirement::take_flag(LoadedProvider* p, int device, volatile uint32_t** flag) {

@@ -6,6 +6,7 @@
 // stream-ordered operation is pending, since nobody may ever wait on its Request.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -18,11 +19,28 @@ namespace hmc::core {
 
 class ContextImpl;
 
+// Copies queued on the stream around the operation, all at the call: `in` ahead of the
+// event the operation waits for, `out` behind the flag wait. A stream-ordered collective
+// moves its device buffers through host memory this way (collectives/stream_stage.h), so
+// that it queues no device work once the call returned: work queued later, on any stream,
+// could sit behind the flag wait in a hardware queue the streams share and never run.
+// `keep` holds the host memory until the stream has passed the `out` copies.
+struct StreamCopy {
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+};
+struct StreamCopies {
+  std::vector<StreamCopy> in, out;
+  std::shared_ptr<void> keep;
+};
+
 class StreamOrder {
  public:
-  // Records the event and queues the wait on `stream` of `provider`'s `device`.
+  // Queues `copies.in`, records the event, queues the wait and `copies.out` on `stream`
+  // of `provider`'s `device`.
   static Result<std::shared_ptr<StreamOrder>> create(ContextImpl& ctx, LoadedProvider* provider, int device,
-                                                     void* stream);
+                                                     void* stream, StreamCopies copies = {});
   ~StreamOrder();
   StreamOrder(const StreamOrder&) = delete;
   StreamOrder& operator=(const StreamOrder&) = delete;
@@ -41,6 +59,7 @@ class StreamOrder {
   void* before_ = nullptr;  // recorded at the call: the work the operation waits for
   void* after_ = nullptr;   // recorded behind the flag wait: done once the stream passed it
   volatile uint32_t* flag_ = nullptr;
+  std::shared_ptr<void> keep_;  // what the stream's copies read, until it passed them
   bool finished_ = false;
 };
 
@@ -51,7 +70,8 @@ class StreamOrder {
 class StreamRetirement {
  public:
   ~StreamRetirement();
-  void add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before);
+  void add(LoadedProvider* p, int device, volatile uint32_t* flag, void* after, void* before,
+           std::shared_ptr<void> keep = nullptr);
   void sweep();
   // A spare flag of `p`'s `device`, or a new one.
   int take_flag(LoadedProvider* p, int device, volatile uint32_t** flag);
@@ -63,6 +83,7 @@ class StreamRetirement {
     volatile uint32_t* flag;
     void* after;
     void* before;
+    std::shared_ptr<void> keep;  // released once the stream passed `after`
   };
   struct Spare {
     LoadedProvider* p;

@@ -2,10 +2,13 @@
 // queued on the stream before the call and work queued after it waits for it, while the
 // calling thread returns at once. With the emulated provider's per-operation delay
 // (HMC_EMU_STREAM_DELAY_US) a collective that started early would read the old input.
+// ctest runs them again with every stream in one hardware queue (HMC_EMU_QUEUES=1, as
+// CUDA_DEVICE_MAX_CONNECTIONS=1): device work queued after the call would hang there.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -58,7 +61,71 @@ int ordered_all_reduce(RankEnv& e, std::size_t count) {
   return 0;
 }
 
+int32_t* as_i32(DevBuf& b) { return reinterpret_cast<int32_t*>(b.host.data()); }
+
+// Three stream-ordered calls back to back on one stream, checked once the stream is idle:
+// a group around the ring, an in-place all_gather, and an all_to_all_v whose receive
+// buffer has gaps between the blocks, which must keep their contents.
+int ordered_layouts(RankEnv& e) {
+  const int n = e.size, r = e.rank;
+  constexpr std::size_t kN = 4096, kGap = 3;
+  DeviceId dev = device_for(e.ctx, r);
+  auto stream = DeviceStream::create(e.ctx, dev);
+  HMC_EXPECT(stream.ok(), stream.status().to_string());
+  CollOptions opt;
+  opt.stream = stream->stream;
+  auto gs = DevBuf::make(e.ctx, dev, kN * 4), gr = DevBuf::make(e.ctx, dev, kN * 4);
+  auto ag = DevBuf::make(e.ctx, dev, n * kN * 4);
+  std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+  std::size_t sent = 0, got = 0;
+  for (int j = 0; j < n; ++j) {
+    sc[j] = j + 1 + r, sd[j] = sent, sent += sc[j];  // rank r sends j+1+r elements to j
+    rc[j] = r + 1 + j, rd[j] = got, got += rc[j] + kGap;
+  }
+  auto vs = DevBuf::make(e.ctx, dev, sent * 4), vr = DevBuf::make(e.ctx, dev, got * 4);
+  HMC_EXPECT(gs.ok() && gr.ok() && ag.ok() && vs.ok() && vr.ok(), "device allocation failed");
+  for (std::size_t i = 0; i < kN; ++i) as_i32(*gs)[i] = r * 100000 + static_cast<int32_t>(i), as_i32(*gr)[i] = -1;
+  for (std::size_t i = 0; i < n * kN; ++i)
+    as_i32(*ag)[i] = i / kN == static_cast<std::size_t>(r) ? r * 7 + static_cast<int32_t>(i % kN) : -1;
+  for (int j = 0; j < n; ++j)
+    for (std::size_t k = 0; k < sc[j]; ++k) as_i32(*vs)[sd[j] + k] = r * 1000 + j * 100 + static_cast<int32_t>(k);
+  std::fill(as_i32(*vr), as_i32(*vr) + got, -7);
+  for (auto* b : {&*gs, &*gr, &*ag, &*vs, &*vr}) HMC_EXPECT_OK(b->push());
+  Group g(e.comm);
+  g.send(gs->ptr(), kN, DataType::kInt32, (r + 1) % n).recv(gr->ptr(), kN, DataType::kInt32, (r + n - 1) % n);
+  Request reqs[] = {
+      g.end(opt),
+      all_gather(e.comm, static_cast<int32_t*>(ag->ptr()) + r * kN, ag->ptr(), kN, DataType::kInt32, opt),
+      all_to_all_v(e.comm, vs->ptr(), sc, sd, vr->ptr(), rc, rd, DataType::kInt32, opt)};
+  HMC_EXPECT_OK(stream->synchronize(std::chrono::milliseconds(30000)));
+  for (auto& q : reqs) {
+    HMC_EXPECT(q.test(), "the stream ran past a call that had not completed");
+    HMC_EXPECT_OK(q.status());
+  }
+  for (auto* b : {&*gr, &*ag, &*vr}) HMC_EXPECT_OK(b->pull());
+  const int left = (r + n - 1) % n;
+  for (std::size_t i = 0; i < kN; ++i)
+    HMC_EXPECT(as_i32(*gr)[i] == left * 100000 + static_cast<int32_t>(i), "group element " + std::to_string(i));
+  for (std::size_t i = 0; i < n * kN; ++i)
+    HMC_EXPECT(as_i32(*ag)[i] == static_cast<int32_t>(i / kN) * 7 + static_cast<int32_t>(i % kN),
+               "all_gather element " + std::to_string(i));
+  for (int j = 0; j < n; ++j) {
+    for (std::size_t k = 0; k < rc[j]; ++k)
+      HMC_EXPECT(as_i32(*vr)[rd[j] + k] == j * 1000 + r * 100 + static_cast<int32_t>(k),
+                 "all_to_all_v block " + std::to_string(j) + " element " + std::to_string(k));
+    for (std::size_t k = 0; k < kGap; ++k)
+      HMC_EXPECT(as_i32(*vr)[rd[j] + rc[j] + k] == -7, "all_to_all_v gap after block " + std::to_string(j));
+  }
+  return 0;
+}
+
 }  // namespace
+
+TEST_CASE("stream-ordered group, in-place all_gather and all_to_all_v keep every layout", "[device][stream]") {
+  auto exits = run_ranks(3, {}, [](RankEnv& e) { return ordered_layouts(e); }, kWait);
+  INFO(describe(exits));
+  REQUIRE(all_ok(exits));
+}
 
 TEST_CASE("stream-ordered all_reduce waits for earlier stream work and holds later work", "[device][stream]") {
   // The emulator also notes the streams, events and flags still alive at its fini: the
