@@ -206,8 +206,10 @@ Request gather(Communicator& comm, const void* send, void* recv, std::size_t cou
   c.result_bytes = c.rank() == root ? total : 0;
   c.empty = count == 0;
   c.where = send;
-  c.in = {{send, bytes}};
-  if (c.rank() == root) c.out = {{recv, total}};
+  if (opt.stream) {
+    c.in = {{send, bytes}};
+    if (c.rank() == root) c.out = {{recv, total}};
+  }
   return c.run([=](Plan& p, Algo) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -236,8 +238,10 @@ Request scatter(Communicator& comm, const void* send, void* recv, std::size_t co
   c.algo_bytes = c.result_bytes = bytes;
   c.empty = count == 0;
   c.where = recv;
-  if (c.rank() == root) c.in = {{send, total}};
-  c.out = {{recv, bytes}};
+  if (opt.stream) {
+    if (c.rank() == root) c.in = {{send, total}};
+    c.out = {{recv, bytes}};
+  }
   return c.run([=](Plan& p, Algo) -> Status {
     if (p.size == 1) {
       p.s.copy(recv, send, bytes);
@@ -307,14 +311,17 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
   c.result_bytes = got * esz;
   c.empty = sent == 0 && got == 0;
   c.where = recv;
-  std::size_t send_end = 0, recv_end = 0;
-  for (int j = 0; j < n; ++j) {
-    if (send_counts[j]) send_end = std::max(send_end, send_displs[j] + send_counts[j]);
-    if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
+  if (opt.stream) {
+    std::size_t send_end = 0, recv_end = 0;
+    for (int j = 0; j < n; ++j) {
+      if (send_counts[j]) send_end = std::max(send_end, send_displs[j] + send_counts[j]);
+      if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
+    }
+    c.in = {{send, send_end * esz}};
+    c.out = {{recv, recv_end * esz}};
+    // Blocks that leave gaps: staged, the gaps must come back as they were.
+    if (got != recv_end) c.in.push_back({recv, recv_end * esz});
   }
-  // The receive buffer may have gaps between the blocks: staged, they keep their contents.
-  c.in = {{send, send_end * esz}, {recv, recv_end * esz}};
-  c.out = {{recv, recv_end * esz}};
   c.to_peer.assign(send_counts.begin(), send_counts.end());
   c.from_peer.assign(recv_counts.begin(), recv_counts.end());
   return c.run([=, &send_counts, &send_displs, &recv_counts, &recv_displs](Plan& p, Algo a) -> Status {

@@ -74,7 +74,7 @@ Request Call::run(const Build& build) {
   if (int64_t pieces = settings.max_chunks; pieces > 0)
     chunk_bytes = std::max(chunk_bytes, algo_bytes / static_cast<std::size_t>(pieces));
   const std::size_t esz = dtype_size(dtype);
-  if (in.empty() && out.empty() && ccl) {
+  if (opt_.stream && in.empty() && out.empty() && ccl) {
     in = {{ccl->send, ccl->send_bytes}};
     out = {{ccl->recv, ccl->recv_bytes}};
   }
@@ -86,10 +86,7 @@ Request Call::run(const Build& build) {
   Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
   if (!empty)
     if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));
-  if (!stage->empty()) {
-    stage->rebase(sched);
-    scratch.hold(stage->keep());
-  }
+  stage->apply(sched, scratch);
   CollSpec spec{name, dtype, op && *op != ReduceOp::kAvg ? *op : ReduceOp::kSum, static_cast<uint64_t>(size_),
                 result_bytes};
   auto coll = std::make_unique<CollOp>(ci, tag_base(seq_), spec, std::move(sched), std::move(scratch));

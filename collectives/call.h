@@ -47,8 +47,8 @@ class Call {
   const void* where = nullptr;   // a user buffer: scratch goes on its device
   // all_to_all_v: elements sent to / expected from each rank, for the argument check.
   std::vector<uint64_t> to_peer, from_peer;
-  // The user buffers it reads and writes, for host staging on a stream (stream_stage.h);
-  // taken from `ccl` when both are left empty.
+  // The user buffers it reads and writes, for host staging on a stream (stream_stage.h):
+  // set for calls on a stream only; taken from `ccl` when both are left empty.
   std::vector<Extent> in, out;
   // Set by the collectives a vendor library can run (ccl.h): tried before HMC's schedule.
   std::optional<CclWork> ccl;

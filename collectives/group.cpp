@@ -56,14 +56,12 @@ Request Group::end(const CollOptions& opt) {
   core::ContextImpl& ctx = ci.context();
   const void* where = items.empty() ? nullptr : items.front().buf;
   std::vector<coll::Extent> in, out;
-  for (const Item& it : items) (it.is_send ? in : out).push_back({it.buf, it.bytes});
+  if (opt.stream)
+    for (const Item& it : items) (it.is_send ? in : out).push_back({it.buf, it.bytes});
   auto stage = coll::stage_for(ctx, coll::comm_state(ci), opt.stream, where, in, out);
   if (!stage) return reject(stage.status());
   coll::Scratch scratch(ctx, DeviceId{});
-  if (!stage->empty()) {
-    stage->rebase(sched);
-    scratch.hold(stage->keep());
-  }
+  stage->apply(sched, scratch);
   coll::CollSpec spec{"group", DataType::kUint8, ReduceOp::kSum, 1, total};
   auto order = coll::stream_order(ctx, where, opt.stream, stage->copies());
   if (!order) return reject(order.status());

@@ -7,12 +7,22 @@
 
 #include "core/context_impl.h"
 #include "core/plugin_registry.h"
+#include "core/stream_order.h"
 
 namespace hmc::coll {
 namespace {
 
 constexpr std::align_val_t kAlign{64};
 constexpr std::size_t kMinBlock = 64 * 1024;
+
+// The smallest entry of `list` that `fits`, by `size`, or end().
+template <class List, class Fits, class Size>
+auto best_fit(List& list, Fits fits, Size size) {
+  auto best = list.end();
+  for (auto it = list.begin(); it != list.end(); ++it)
+    if (fits(*it) && (best == list.end() || size(*it) < size(*best))) best = it;
+  return best;
+}
 
 }  // namespace
 
@@ -22,10 +32,8 @@ Result<Memory> ScratchPool::take(core::ContextImpl& ctx, const DeviceId& device,
   {
     std::lock_guard lock(mu_);
     // The smallest free block of this device that fits.
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it)
-      if (it->device() == device && it->size() >= bytes && (best == free_.end() || it->size() < best->size()))
-        best = it;
+    auto best = best_fit(free_, [&](const Memory& m) { return m.device() == device && m.size() >= bytes; },
+                         [](const Memory& m) { return m.size(); });
     if (best != free_.end()) {
       Memory m = std::move(*best);
       free_.erase(best);
@@ -42,9 +50,8 @@ void ScratchPool::give(Memory block) {
 
 uint8_t* ScratchPool::take_host(std::size_t bytes, std::size_t& size) {
   std::lock_guard lock(mu_);
-  auto best = host_.end();
-  for (auto it = host_.begin(); it != host_.end(); ++it)
-    if (it->second >= bytes && (best == host_.end() || it->second < best->second)) best = it;
+  auto by_size = [](const auto& h) { return h.second; };
+  auto best = best_fit(host_, [&](const auto& h) { return h.second >= bytes; }, by_size);
   if (best == host_.end()) return nullptr;
   uint8_t* block = best->first;
   size = best->second;
@@ -66,9 +73,8 @@ void ScratchPool::give_host(uint8_t* block, std::size_t size) {
 Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t& size) {
   {
     std::lock_guard lock(mu_);
-    auto best = staging_.end();
-    for (auto it = staging_.begin(); it != staging_.end(); ++it)
-      if (it->p == p && it->size >= bytes && (best == staging_.end() || it->size < best->size)) best = it;
+    auto best = best_fit(staging_, [&](const Staging& s) { return s.p == p && s.size >= bytes; },
+                         [](const Staging& s) { return s.size; });
     if (best != staging_.end()) {
       uint8_t* block = best->block;
       size = best->size;
@@ -135,7 +141,7 @@ Result<uint8_t*> Scratch::get(std::size_t bytes) {
 void Scratch::leak() {
   for (auto& h : heap_) (void)h.first.release();
   heap_.clear();
-  for (auto& h : held_) new std::shared_ptr<void>(std::move(h));  // never released
+  for (auto& h : held_) core::leak_forever(std::move(h));
   held_.clear();
   // Never destroyed: Memory's destructor would free. The provider releases it at fini.
   static auto* graveyard = new std::vector<Memory>();

@@ -11,6 +11,8 @@ namespace {
 
 constexpr std::size_t kAlign = 64;
 
+std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
 // One registered host block, back to its pool when the last holder lets go.
 struct Block {
   Block(std::shared_ptr<ScratchPool> pool, core::LoadedProvider* p, uint8_t* ptr, std::size_t size)
@@ -51,19 +53,17 @@ Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_
   }
   // Overlapping or touching buffers (in-place layouts) share one span.
   std::sort(all.begin(), all.end(), [](const Extent& a, const Extent& b) { return a.p < b.p; });
-  std::size_t total = 0;
   for (const Extent& e : all) {
     const auto* b = static_cast<const uint8_t*>(e.p);
     if (!st.spans_.empty() && b <= st.spans_.back().user + st.spans_.back().bytes) {
       Span& s = st.spans_.back();
-      const std::size_t end = std::max<std::size_t>(s.bytes, b + e.bytes - s.user);
-      total += (end + kAlign - 1) / kAlign * kAlign - (s.bytes + kAlign - 1) / kAlign * kAlign;
-      s.bytes = end;
+      s.bytes = std::max<std::size_t>(s.bytes, b + e.bytes - s.user);
     } else {
       st.spans_.push_back({b, e.bytes, nullptr});
-      total += (e.bytes + kAlign - 1) / kAlign * kAlign;
     }
   }
+  std::size_t total = 0;
+  for (const Span& s : st.spans_) total += aligned(s.bytes);
   std::size_t size = 0;
   auto block = pool->take_staging(p, total, size);
   if (!block) {
@@ -75,7 +75,7 @@ Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_
   uint8_t* next = block.value();
   for (Span& s : st.spans_) {
     s.host = next;
-    next += (s.bytes + kAlign - 1) / kAlign * kAlign;
+    next += aligned(s.bytes);
   }
   for (const Extent& e : in)
     if (staged(e)) st.in_.push_back({st.host_of(e.p), e.p, e.bytes});
@@ -91,8 +91,10 @@ uint8_t* StreamStage::host_of(const void* p) const {
   return nullptr;
 }
 
-void StreamStage::rebase(Schedule& s) const {
+void StreamStage::apply(Schedule& s, Scratch& scratch) const {
+  if (spans_.empty()) return;
   for (const Span& sp : spans_) s.rebase(sp.user, sp.bytes, sp.host);
+  scratch.hold(keep_);
 }
 
 }  // namespace hmc::coll

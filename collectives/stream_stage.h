@@ -48,12 +48,11 @@ class StreamStage {
   static Result<StreamStage> make(core::ContextImpl& ctx, const std::shared_ptr<ScratchPool>& pool,
                                   const void* where, const std::vector<Extent>& in, const std::vector<Extent>& out);
   bool empty() const { return spans_.empty(); }
-  // Moves the schedule's pointers into staged buffers onto their host copies.
-  void rebase(Schedule& s) const;
+  // Moves the schedule's pointers into staged buffers onto their host copies, and has the
+  // collective's scratch hold the host memory while it runs (and leak it if it fails).
+  void apply(Schedule& s, Scratch& scratch) const;
   // What StreamOrder::create queues around the wait; holds the host memory.
   core::StreamCopies copies() const { return {in_, out_, keep_}; }
-  // The host memory, for the collective's Scratch to hold while it runs.
-  const std::shared_ptr<void>& keep() const { return keep_; }
 
  private:
   struct Span {

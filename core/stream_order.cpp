@@ -36,7 +36,7 @@ Result<std::shared_ptr<StreamOrder>> StreamOrder::create(ContextImpl& ctx, Loade
     Status s = fail(what);
     __atomic_store_n(o->flag_, 1u, __ATOMIC_RELEASE);
     o->flag_ = nullptr;
-    new std::shared_ptr<void>(std::move(o->keep_));  // leaked on purpose
+    leak_forever(std::move(o->keep_));
     return s;
   };
   for (const StreamCopy& c : copies.out)
@@ -56,7 +56,7 @@ StreamOrder::~StreamOrder() {
   // Never reached the stream: free here. After finish() the retirement list owns them.
   // Copies queued before the step that failed may still write what keep_ holds, and no
   // event tells when they are done: it is never freed (a provider failure, rare).
-  if (keep_) new std::shared_ptr<void>(std::move(keep_));  // leaked on purpose
+  leak_forever(std::move(keep_));
   if (flag_ || before_ || after_) ctx_.stream_retirement().add(p_, device_, flag_, after_, before_);
 }
 
@@ -91,7 +91,7 @@ StreamRetirement::~StreamRetirement() {
     if (e.after) e.p->dev->event_destroy(e.p->state, e.after);
     // A stream still waiting on this flag would read freed memory: keep it, and the host
     // memory its copies read.
-    new std::shared_ptr<void>(std::move(e.keep));  // leaked on purpose
+    leak_forever(std::move(e.keep));
     HMC_LOG("core", warn, "a device stream had not passed an HMC flag at context destruction; leaking the flag");
   }
   for (auto& f : spare_) f.p->dev->flag_free(f.p->state, f.flag);

@@ -35,6 +35,12 @@ struct StreamCopies {
   std::shared_ptr<void> keep;
 };
 
+// Lets go of `owner` without ever releasing what it holds: memory a device stream or a
+// late message may still write.
+inline void leak_forever(std::shared_ptr<void> owner) {
+  if (owner) new std::shared_ptr<void>(std::move(owner));
+}
+
 class StreamOrder {
  public:
   // Queues `copies.in`, records the event, queues the wait and `copies.out` on `stream`

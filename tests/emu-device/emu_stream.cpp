@@ -66,7 +66,13 @@ uint64_t Channel::ticket() {
 bool Channel::wait_turn(uint64_t t, const std::function<bool()>& stop) {
   std::unique_lock lock(mu_);
   while (head_ != t) {
-    if (stop && stop()) return false;
+    if (stop) {
+      // Not under mu_: `stop` takes the stream's lock, which submit holds around ticket().
+      lock.unlock();
+      if (stop()) return false;
+      lock.lock();
+      if (head_ == t) break;
+    }
     cv_.wait_for(lock, kMaxPoll);
   }
   return true;
