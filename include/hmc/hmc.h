@@ -8,5 +8,6 @@
 #include "hmc/memory_region.h"
 #include "hmc/request.h"
 #include "hmc/status.h"
+#include "hmc/stream.h"
 #include "hmc/types.h"
 #include "hmc/unique_id.h"

@@ -3,16 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
-
-#include "core/context_impl.h"
 
 namespace hmc::test {
-namespace {
-
-core::LoadedProvider* provider(Context& ctx, const std::string& name) { return ctx.impl().registry().device(name); }
-
-}  // namespace
 
 std::string device_under_test() {
   const char* d = std::getenv("HMCTEST_DEVICE");
@@ -70,43 +62,5 @@ Result<DevBuf> DevBuf::make(Context& ctx, const DeviceId& dev, std::size_t bytes
 
 Status DevBuf::push() { return ctx->copy(ptr(), host.data(), host.size()); }
 Status DevBuf::pull() { return ctx->copy(host.data(), ptr(), host.size()); }
-
-Result<DeviceStream> DeviceStream::create(Context& ctx, const DeviceId& dev) {
-  DeviceStream s;
-  s.ctx = &ctx;
-  auto* p = provider(ctx, dev.provider);
-  if (!p || !(p->dev->caps & HMC_DEV_CAP_STREAMS)) return Status(ErrorCode::kUnsupported, dev.provider + " has no streams");
-  if (p->dev->stream_create(p->state, dev.index, &s.stream) != 0)
-    return Status(ErrorCode::kInternal, "stream_create: " + std::string(p->dev->last_error(p->state)));
-  return s;
-}
-
-DeviceStream::~DeviceStream() {
-  if (!stream) return;
-  auto* p = provider(*ctx, device_under_test());
-  (void)synchronize(std::chrono::milliseconds(10000));
-  p->dev->stream_destroy(p->state, stream);
-}
-
-Status DeviceStream::copy_async(void* dst, const void* src, std::size_t bytes) {
-  auto* p = provider(*ctx, device_under_test());
-  if (p->dev->copy(p->state, dst, src, bytes, stream) != 0)
-    return {ErrorCode::kInternal, "copy on a stream: " + std::string(p->dev->last_error(p->state))};
-  return {};
-}
-
-bool DeviceStream::idle() {
-  auto* p = provider(*ctx, device_under_test());
-  return p->dev->stream_query(p->state, stream) == 0;
-}
-
-Status DeviceStream::synchronize(std::chrono::milliseconds deadline) {
-  auto until = std::chrono::steady_clock::now() + deadline;
-  while (!idle()) {
-    if (std::chrono::steady_clock::now() > until) return {ErrorCode::kTimeout, "stream still busy at the deadline"};
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return {};
-}
 
 }  // namespace hmc::test

@@ -1,6 +1,6 @@
 // Helpers of the device test suite: which device provider is under test, device buffers
 // filled and read back through Context::copy (a test never touches device memory), and
-// the provider's own stream functions for stream-ordering tests.
+// the device's streams (hmc::Stream) for stream-ordering tests.
 #pragma once
 
 #include <chrono>
@@ -33,22 +33,6 @@ struct DevBuf {
   void* ptr() { return mem.data() ? mem.data() : plain.get(); }
   Status push();  // host mirror -> buffer
   Status pull();  // buffer -> host mirror
-};
-
-// Provider stream functions, through the loaded provider table.
-struct DeviceStream {
-  Context* ctx = nullptr;
-  void* stream = nullptr;
-  static Result<DeviceStream> create(Context& ctx, const DeviceId& dev);
-  ~DeviceStream();
-  DeviceStream(DeviceStream&& o) noexcept : ctx(o.ctx), stream(o.stream) { o.stream = nullptr; }
-  DeviceStream(const DeviceStream&) = delete;
-  DeviceStream& operator=(const DeviceStream&) = delete;
-  DeviceStream() = default;
-  Status copy_async(void* dst, const void* src, std::size_t bytes);
-  // Polls until the stream is idle or the deadline passes.
-  Status synchronize(std::chrono::milliseconds deadline);
-  bool idle();
 };
 
 }  // namespace hmc::test

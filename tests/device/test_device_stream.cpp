@@ -7,8 +7,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -41,13 +42,13 @@ int ordered_all_reduce(RankEnv& e, std::size_t count) {
   std::memset(result, 0, bytes);
   std::memcpy(send->host.data(), stale.data(), bytes);
   HMC_EXPECT_OK(send->push());
-  auto stream = DeviceStream::create(e.ctx, dev);
+  auto stream = Stream::create(e.ctx, dev);
   HMC_EXPECT(stream.ok(), stream.status().to_string());
-  HMC_EXPECT_OK(stream->copy_async(send->ptr(), input, bytes));
+  HMC_EXPECT_OK(stream->copy(send->ptr(), input, bytes));
   CollOptions opt;
-  opt.stream = stream->stream;
+  opt.stream = stream->native();
   Request r = all_reduce(e.comm, send->ptr(), recv->ptr(), count, DataType::kInt32, ReduceOp::kSum, opt);
-  HMC_EXPECT_OK(stream->copy_async(result, recv->ptr(), bytes));
+  HMC_EXPECT_OK(stream->copy(result, recv->ptr(), bytes));
   HMC_EXPECT_OK(stream->synchronize(std::chrono::milliseconds(30000)));
   // The stream passed the collective: it has completed, and the result is the new input's.
   HMC_EXPECT(r.test(), "the stream ran past a collective that had not completed");
@@ -70,10 +71,10 @@ int ordered_layouts(RankEnv& e) {
   const int n = e.size, r = e.rank;
   constexpr std::size_t kN = 4096, kGap = 3;
   DeviceId dev = device_for(e.ctx, r);
-  auto stream = DeviceStream::create(e.ctx, dev);
+  auto stream = Stream::create(e.ctx, dev);
   HMC_EXPECT(stream.ok(), stream.status().to_string());
   CollOptions opt;
-  opt.stream = stream->stream;
+  opt.stream = stream->native();
   auto gs = DevBuf::make(e.ctx, dev, kN * 4), gr = DevBuf::make(e.ctx, dev, kN * 4);
   auto ag = DevBuf::make(e.ctx, dev, n * kN * 4);
   std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
@@ -119,6 +120,45 @@ int ordered_layouts(RankEnv& e) {
   return 0;
 }
 
+// hmc::Stream: copies run in the order queued, idle() and synchronize() follow them, and
+// what it cannot do is refused clearly. On the emulator every operation takes
+// HMC_EMU_STREAM_DELAY_US, so the stream is still busy right after the calls.
+int stream_handle(RankEnv& e) {
+  constexpr std::size_t kN = 1 << 16, kBytes = kN * sizeof(int32_t);
+  const DeviceId dev = device_for(e.ctx, e.rank);
+  auto dbuf = e.ctx.alloc(dev, kBytes);
+  auto in = e.ctx.alloc(dev, kBytes, AllocKind::kPinnedHost), out = e.ctx.alloc(dev, kBytes, AllocKind::kPinnedHost);
+  HMC_EXPECT(dbuf.ok() && in.ok() && out.ok(), "allocation failed");
+  auto* src = static_cast<int32_t*>(in->data());
+  auto* dst = static_cast<int32_t*>(out->data());
+  for (std::size_t i = 0; i < kN; ++i) src[i] = static_cast<int32_t>(i * 3 + 1), dst[i] = -1;
+  auto made = Stream::create(e.ctx, dev);
+  HMC_EXPECT(made.ok(), made.status().to_string());
+  Stream stream = std::move(made.value());
+  HMC_EXPECT(made->native() == nullptr && stream.native() != nullptr && stream.device() == dev, "move");
+  HMC_EXPECT_OK(stream.copy(dbuf->data(), src, kBytes));
+  HMC_EXPECT_OK(stream.copy(dst, dbuf->data(), kBytes));
+  if (device_under_test() == "emu") {
+    auto idle = stream.idle();
+    HMC_EXPECT(idle.ok() && !idle.value(), "idle while two delayed copies are queued");
+    Status early = stream.synchronize(std::chrono::milliseconds(1));
+    HMC_EXPECT(early.code() == ErrorCode::kTimeout, early.to_string());
+  }
+  HMC_EXPECT_OK(stream.synchronize());
+  auto idle = stream.idle();
+  HMC_EXPECT(idle.ok() && idle.value(), "not idle after synchronize");
+  for (std::size_t i = 0; i < kN; ++i)
+    HMC_EXPECT(dst[i] == static_cast<int32_t>(i * 3 + 1), "element " + std::to_string(i) + ": " + std::to_string(dst[i]));
+
+  HMC_EXPECT(Stream::create(e.ctx, {"cpu", 0}).status().code() == ErrorCode::kUnsupported, "a cpu stream");
+  HMC_EXPECT(Stream::create(e.ctx, {"nosuch", 0}).status().code() == ErrorCode::kUnavailable, "an unknown provider");
+  HMC_EXPECT(stream.copy(nullptr, src, kBytes).code() == ErrorCode::kInvalidArgument, "a null destination");
+  Stream empty;
+  HMC_EXPECT(empty.copy(dst, src, kBytes).code() == ErrorCode::kInvalidArgument, "a copy on an empty Stream");
+  HMC_EXPECT(!empty.idle().ok() && empty.synchronize().code() == ErrorCode::kInvalidArgument, "an empty Stream");
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("stream-ordered group, in-place all_gather and all_to_all_v keep every layout", "[device][stream]") {
@@ -144,6 +184,12 @@ TEST_CASE("stream-ordered all_reduce waits for earlier stream work and holds lat
     if (line.rfind("left-", 0) == 0) left += line + "; ";
   std::remove(log.c_str());
   CHECK(left.empty());
+}
+
+TEST_CASE("hmc::Stream copies in order, waits and refuses what it cannot do", "[device][stream]") {
+  auto exits = run_ranks(1, {{"HMC_EMU_STREAM_DELAY_US", "50000"}}, [](RankEnv& e) { return stream_handle(e); }, kWait);
+  INFO(describe(exits));
+  REQUIRE(all_ok(exits));
 }
 
 TEST_CASE("a stream on host memory is refused clearly", "[device][stream]") {

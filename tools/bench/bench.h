@@ -31,6 +31,9 @@ struct Options {
   std::vector<ReduceOp> ops = {ReduceOp::kSum};
   std::string device = "cpu";  // provider[:index][@ranks], see tools/common/device_spec.h
   AllocKind memory = AllocKind::kDefault;  // how the send and receive buffers are allocated
+  // --stream: ranks whose buffers are on a device call on a device stream (CollOptions::stream),
+  // timed as nccl-tests times: calls queued, then the stream drained.
+  bool stream = false;
   enum class Format { kTable, kJson, kCsv } format = Format::kTable;
   bool progress = false;  // also without a terminal on stderr
 };
@@ -71,7 +74,7 @@ struct CollTraits {
 CollTraits traits(Coll c);
 Layout layout(Coll c, std::size_t bytes, std::size_t elem_size, int n);
 Request launch(Coll c, Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
-               ReduceOp op, int root);
+               ReduceOp op, int root, const CollOptions& opt = {});
 
 // Known data: inputs every rank can compute for every rank, and the expected outputs.
 struct DataSpec {

@@ -91,6 +91,9 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   std::string memory = "default";
   app.add_option("-m,--memory", memory, "buffers as Context::alloc makes them")
       ->check(CLI::IsMember({"default", "pinned", "shareable"}))->capture_default_str();
+  app.add_flag("--stream", o.stream,
+               "stream-ordered: ranks with device buffers call on a device stream (CollOptions::stream), "
+               "timed as nccl-tests times (calls queued, then the stream drained); ranks on cpu call without; not for barrier");
   app.add_option("--local", cli.local, "start N ranks on this machine")->check(CLI::Range(1, 256));
   app.add_option("--timeout", cli.timeout_s, "seconds before --local ranks are killed")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   auto* json_flag = app.add_flag("--json", json, "print one JSON document instead of the table");
@@ -107,8 +110,17 @@ int parse_cli(int argc, char** argv, Cli& cli) {
     std::fprintf(stderr, "hmc-bench: -b %zu is larger than -e %zu\n", o.min_bytes, o.max_bytes);
     return 2;
   }
-  if (auto spec = tools::parse_device_spec(o.device); !spec) {
+  auto spec = tools::parse_device_spec(o.device);
+  if (!spec) {
     std::fprintf(stderr, "hmc-bench: %s\n", spec.status().message().c_str());
+    return 2;
+  }
+  if (o.stream && o.coll == Coll::kBarrier) {
+    std::fprintf(stderr, "hmc-bench: --stream: a barrier has no buffer to tell which device its stream is on\n");
+    return 2;
+  }
+  if (o.stream && spec->provider == "cpu") {
+    std::fprintf(stderr, "hmc-bench: --stream needs buffers on a device (-g cuda, -g cuda@0,1): cpu has no streams\n");
     return 2;
   }
   if (!parse_dtypes(dtypes, o.dtypes) || !parse_ops(ops, o.ops)) return 2;
@@ -132,6 +144,7 @@ std::vector<std::string> worker_args(const Options& o) {
   if (o.format == Options::Format::kJson) a.push_back("--json");
   if (o.format == Options::Format::kCsv) a.push_back("--csv");
   if (o.progress) a.push_back("--progress");
+  if (o.stream) a.push_back("--stream");
   return a;
 }
 

@@ -58,21 +58,21 @@ Layout layout(Coll c, std::size_t bytes, std::size_t elem_size, int n) {
 }
 
 Request launch(Coll c, Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
-               ReduceOp op, int root) {
+               ReduceOp op, int root, const CollOptions& opt) {
   switch (c) {
-    case Coll::kAllReduce: return all_reduce(comm, send, recv, count, dtype, op);
-    case Coll::kAllGather: return all_gather(comm, send, recv, count, dtype);
-    case Coll::kReduceScatter: return reduce_scatter(comm, send, recv, count, dtype, op);
-    case Coll::kBroadcast: return broadcast(comm, recv, count, dtype, root);
-    case Coll::kReduce: return reduce(comm, send, recv, count, dtype, op, root);
-    case Coll::kAllToAll: return all_to_all(comm, send, recv, count, dtype);
-    case Coll::kGather: return gather(comm, send, recv, count, dtype, root);
-    case Coll::kScatter: return scatter(comm, send, recv, count, dtype, root);
+    case Coll::kAllReduce: return all_reduce(comm, send, recv, count, dtype, op, opt);
+    case Coll::kAllGather: return all_gather(comm, send, recv, count, dtype, opt);
+    case Coll::kReduceScatter: return reduce_scatter(comm, send, recv, count, dtype, op, opt);
+    case Coll::kBroadcast: return broadcast(comm, recv, count, dtype, root, opt);
+    case Coll::kReduce: return reduce(comm, send, recv, count, dtype, op, root, opt);
+    case Coll::kAllToAll: return all_to_all(comm, send, recv, count, dtype, opt);
+    case Coll::kGather: return gather(comm, send, recv, count, dtype, root, opt);
+    case Coll::kScatter: return scatter(comm, send, recv, count, dtype, root, opt);
     case Coll::kSendRecv: {
       const int n = comm.size(), next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
-      return Group(comm).send(send, count, dtype, next).recv(recv, count, dtype, prev).end();
+      return Group(comm).send(send, count, dtype, next).recv(recv, count, dtype, prev).end(opt);
     }
-    case Coll::kBarrier: return barrier(comm);
+    case Coll::kBarrier: return barrier(comm, opt);
   }
   return {};
 }

@@ -75,7 +75,7 @@ int run_rank(const Options& opt) {
   auto devices = gather_devices(comm.value(), device.value());
   if (!devices) return fail("devices", rank, devices.status());
 
-  RunInfo info{size, opt.device + " (" + memory_name(opt.memory) + " memory)", {}};
+  RunInfo info{size, opt.device + " (" + memory_name(opt.memory) + " memory" + (opt.stream ? ", stream-ordered" : "") + ")", {}};
   for (int r = 0; r < size; ++r) {
     const PeerInfo& p = comm->peer(r);
     char line[256];

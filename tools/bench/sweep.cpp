@@ -1,6 +1,7 @@
 // The sweep on one rank. Per row and form: known input, -w warm-up calls, a barrier, -n timed
-// calls (each waited for; with -z 0 issued back to back and waited for at the end), time =
-// elapsed / n on every rank, then rank 0 combines the
+// calls (each waited for; with -z 0 issued back to back and waited for at the end; with
+// --stream each on the rank's device stream, which is drained where a call is waited for),
+// time = elapsed / n on every rank, then rank 0 combines the
 // ranks' times (-a: max by default) and sums their wrong elements (point-to-point, so the
 // bookkeeping never runs through the collective being measured).
 #include <algorithm>
@@ -33,8 +34,11 @@ std::vector<std::size_t> sizes(const Options& opt) {
 
 class Sweep {
  public:
-  Sweep(Context& ctx, Communicator& comm, const Options& opt, Memory send, Memory recv)
-      : ctx_(ctx), comm_(comm), opt_(opt), send_(std::move(send)), recv_(std::move(recv)), host_(recv_.size()) {}
+  Sweep(Context& ctx, Communicator& comm, const Options& opt, Memory send, Memory recv, Stream stream)
+      : ctx_(ctx), comm_(comm), opt_(opt), send_(std::move(send)), recv_(std::move(recv)), stream_(std::move(stream)),
+        host_(recv_.size()) {
+    copt_.stream = stream_.native();
+  }
 
   Result<Timing> measure(const Row& row, const Layout& lay, bool in_place) {
     const int rank = comm_.rank();
@@ -43,8 +47,12 @@ class Sweep {
     char* send = in_place ? rbase + lay.send_inplace * rank * e : static_cast<char*>(send_.data());
     char* recv = in_place ? rbase + lay.recv_inplace * rank * e : rbase;
     DataSpec d{opt_.coll, row.dtype, row.op.value_or(ReduceOp::kSum), comm_.size(), std::max(row.root, 0), seed_++};
-    auto issue = [&] { return launch(opt_.coll, comm_, send, recv, lay.count, row.dtype, d.op, d.root); };
-    auto call = [&] { return issue().wait(); };
+    auto issue = [&] { return launch(opt_.coll, comm_, send, recv, lay.count, row.dtype, d.op, d.root, copt_); };
+    auto call = [&] {
+      Request r = issue();
+      HMC_RETURN_IF_ERROR(drain());
+      return r.wait();
+    };
 
     HMC_RETURN_IF_ERROR(prepare(d, lay, send, in_place));
     for (int i = 0; i < opt_.warmup; ++i) HMC_RETURN_IF_ERROR(call());
@@ -54,6 +62,7 @@ class Sweep {
       for (int i = 0; i < opt_.iters; ++i) HMC_RETURN_IF_ERROR(call());
     } else {
       HMC_RETURN_IF_ERROR(back_to_back(issue));
+      HMC_RETURN_IF_ERROR(drain());
     }
     RankResult mine{std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / opt_.iters, 0};
 
@@ -71,6 +80,10 @@ class Sweep {
   }
 
  private:
+  // --stream: until the stream ran everything queued on it (a request completes before the
+  // stream's own copies behind it).
+  Status drain() { return stream_.native() ? stream_.synchronize() : Status(); }
+
   // -z 0: the timed calls without waiting in between, at most kInFlight pending at a time.
   template <class Issue>
   Status back_to_back(const Issue& issue) {
@@ -127,6 +140,8 @@ class Sweep {
   Communicator& comm_;
   const Options& opt_;
   Memory send_, recv_;
+  Stream stream_;  // --stream on a device: the calls' stream, else empty
+  CollOptions copt_;
   std::vector<unsigned char> host_;
   uint32_t seed_ = 1;
 };
@@ -140,7 +155,13 @@ Result<std::vector<Row>> run_sweep(Context& ctx, Communicator& comm, const Devic
   if (!send) return send.status();
   auto recv = ctx.alloc(device, cap, opt.memory);
   if (!recv) return recv.status();
-  Sweep sweep(ctx, comm, opt, std::move(send.value()), std::move(recv.value()));
+  Stream stream;
+  if (opt.stream && device.provider != "cpu") {  // ranks on host memory call without one
+    auto made = Stream::create(ctx, device);
+    if (!made) return made.status();
+    stream = std::move(made.value());
+  }
+  Sweep sweep(ctx, comm, opt, std::move(send.value()), std::move(recv.value()), std::move(stream));
 
   const CollTraits tr = traits(opt.coll);
   const auto byte_sizes = sizes(opt);
