@@ -31,7 +31,7 @@ Result<std::shared_ptr<core::StreamOrder>> stream_order(core::ContextImpl& ctx, 
 Result<StreamStage> stage_for(core::ContextImpl& ctx, const CommState& state, void* stream, const void* where,
                               const std::vector<Extent>& in, const std::vector<Extent>& out) {
   if (!stream || !state.settings.stream_stage) return StreamStage();
-  return StreamStage::make(ctx, state.scratch, where, in, out);
+  return StreamStage::make(ctx, state.scratch, state.settings.stream_stage_max, where, in, out);
 }
 
 Request failed_request(Status s) { return Request(core::Operation::failed(std::move(s))); }

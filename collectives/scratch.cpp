@@ -70,7 +70,11 @@ void ScratchPool::give_host(uint8_t* block, std::size_t size) {
   Scratch::HeapFree{}(block);
 }
 
-Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t& size) {
+Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t limit,
+                                           std::size_t& size) {
+  // Sizes in eighths of a power of two: at most 12.5 % unused, and few distinct sizes.
+  const std::size_t want = std::max<std::size_t>(bytes, kMinBlock), step = std::bit_ceil(want) / 8;
+  size = (want + step - 1) / step * step;
   {
     std::lock_guard lock(mu_);
     auto best = best_fit(staging_, [&](const Staging& s) { return s.p == p && s.size >= bytes; },
@@ -79,14 +83,26 @@ Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t 
       uint8_t* block = best->block;
       size = best->size;
       staging_.erase(best);
+      ++staging_taken_;
       return block;
     }
+    if (staging_taken_ > 0 && staging_bytes_ + size > limit) return nullptr;
+    staging_bytes_ += size;  // claimed before the (slow) registration, released on failure
+    ++staging_taken_;
   }
-  size = std::bit_ceil(std::max<std::size_t>(bytes, kMinBlock));
+  auto unclaim = [&] {
+    std::lock_guard lock(mu_);
+    staging_bytes_ -= size;
+    --staging_taken_;
+  };
   auto* block = static_cast<uint8_t*>(::operator new(size, kAlign, std::nothrow));
-  if (!block) return Status(ErrorCode::kNoMemory, "host staging of " + std::to_string(size) + " bytes");
+  if (!block) {
+    unclaim();
+    return Status(ErrorCode::kNoMemory, "host staging of " + std::to_string(size) + " bytes");
+  }
   if (p->dev->host_register(p->state, block, size) != 0) {
     Scratch::HeapFree{}(block);
+    unclaim();
     return Status(ErrorCode::kUnsupported, p->name + " could not register " + std::to_string(size) +
                                                " bytes of host staging: " + core::provider_error(*p));
   }
@@ -96,6 +112,7 @@ Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t 
 void ScratchPool::give_staging(core::LoadedProvider* p, uint8_t* block, std::size_t size) {
   std::lock_guard lock(mu_);
   staging_.push_back({p, block, size});
+  --staging_taken_;
 }
 
 ScratchPool::~ScratchPool() {

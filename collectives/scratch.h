@@ -40,9 +40,13 @@ class ScratchPool {
   // Keeps a host block for later, or frees it when kHostKept are kept already.
   void give_host(uint8_t* block, std::size_t size);
   // A host block of at least `bytes` registered with `p` (host_register), for the copies
-  // of stream-ordered collectives (stream_stage.h); its size in `size`. Blocks stay
-  // registered while kept: unregistering may wait for the whole device, as freeing does.
-  Result<uint8_t*> take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t& size);
+  // of stream-ordered collectives (stream_stage.h); its size in `size`. A kept block that
+  // fits is reused; a new one is made only while the pool's blocks stay within `limit`
+  // bytes, or while none is taken: else null (ok), and the caller retries once its earlier
+  // calls gave theirs back (a block leaked after a provider failure never comes back and
+  // keeps counting). Blocks stay registered while kept: unregistering may wait for the
+  // whole device, as freeing does.
+  Result<uint8_t*> take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t limit, std::size_t& size);
   void give_staging(core::LoadedProvider* p, uint8_t* block, std::size_t size);
   ~ScratchPool();
 
@@ -55,7 +59,9 @@ class ScratchPool {
   std::mutex mu_;
   std::vector<Memory> free_;
   std::vector<std::pair<uint8_t*, std::size_t>> host_;
-  std::vector<Staging> staging_;
+  std::vector<Staging> staging_;   // kept staging blocks
+  std::size_t staging_bytes_ = 0;  // every staging block's size, kept or taken
+  int staging_taken_ = 0;
 };
 
 class Scratch {

@@ -141,6 +141,7 @@ CollSettings CollSettings::read(const core::Config& cfg) {
   s.max_chunks = cfg.integer("HMC_COLL_MAX_CHUNKS");
   s.ccl = cfg.str("HMC_CCL");
   s.stream_stage = cfg.flag("HMC_STREAM_STAGE");
+  s.stream_stage_max = cfg.size("HMC_STREAM_STAGE_MAX");
   return s;
 }
 

@@ -27,6 +27,7 @@ struct CollSettings {
   int64_t max_chunks = 0;                  // HMC_COLL_MAX_CHUNKS
   std::string ccl;                         // HMC_CCL
   bool stream_stage = true;                // HMC_STREAM_STAGE (stream_stage.h)
+  std::size_t stream_stage_max = 0;        // HMC_STREAM_STAGE_MAX
 
   static CollSettings read(const core::Config& cfg);
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "core/context_impl.h"
 #include "core/log.h"
@@ -29,7 +30,8 @@ struct Block {
 }  // namespace
 
 Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_ptr<ScratchPool>& pool,
-                                      const void* where, const std::vector<Extent>& in, const std::vector<Extent>& out) {
+                                      std::size_t limit, const void* where, const std::vector<Extent>& in,
+                                      const std::vector<Extent>& out) {
   StreamStage st;
   const auto home = ctx.mem_info(where, 1);
   if (!where || !home.device_mem) return st;
@@ -64,8 +66,20 @@ Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_
   }
   std::size_t total = 0;
   for (const Span& s : st.spans_) total += aligned(s.bytes);
+  // Within HMC_STREAM_STAGE_MAX: wait for this stream (or another) to pass earlier calls
+  // and give their blocks back; sweeping the retirement list is what gives them back.
   std::size_t size = 0;
-  auto block = pool->take_staging(p, total, size);
+  Result<uint8_t*> block = nullptr;
+  for (const auto deadline = ctx.deadline();;) {
+    block = pool->take_staging(p, total, limit, size);
+    if (!block || block.value()) break;
+    if (core::Clock::now() > deadline)
+      return Status(ErrorCode::kTimeout, "host staging for a stream-ordered call: HMC_STREAM_STAGE_MAX (" +
+                                             std::to_string(limit) + " bytes) is held by earlier calls whose streams "
+                                             "have not passed them after HMC_TIMEOUT");
+    ctx.stream_retirement().sweep();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   if (!block) {
     HMC_LOG("coll", warn, "no host staging for a stream-ordered collective ({}): it runs on the device buffers",
             block.status().to_string());

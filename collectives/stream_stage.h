@@ -45,8 +45,11 @@ class StreamStage {
   // output the collective may leave partly unwritten must be listed in `in` too) that are
   // device memory of `where`'s provider. Empty when there are none, or when that provider
   // cannot register host memory (logged: the collective then runs on the device buffers).
+  // Waits while `pool`'s staging would grow past `limit` bytes (HMC_STREAM_STAGE_MAX) for
+  // earlier calls to give theirs back; kTimeout after HMC_TIMEOUT.
   static Result<StreamStage> make(core::ContextImpl& ctx, const std::shared_ptr<ScratchPool>& pool,
-                                  const void* where, const std::vector<Extent>& in, const std::vector<Extent>& out);
+                                  std::size_t limit, const void* where, const std::vector<Extent>& in,
+                                  const std::vector<Extent>& out);
   bool empty() const { return spans_.empty(); }
   // Moves the schedule's pointers into staged buffers onto their host copies, and has the
   // collective's scratch hold the host memory while it runs (and leak it if it fails).

@@ -159,6 +159,60 @@ int stream_handle(RankEnv& e) {
   return 0;
 }
 
+// kCalls all_reduces queued back to back on one stream, each on its own buffers, checked
+// once the stream is idle. With the emulator's delay every call is still in flight when
+// the next is made, so each would take a staging block of its own without
+// HMC_STREAM_STAGE_MAX.
+int queued_all_reduces(RankEnv& e, int calls, std::size_t count) {
+  const std::size_t bytes = count * sizeof(int32_t);
+  const DeviceId dev = device_for(e.ctx, e.rank);
+  auto stream = Stream::create(e.ctx, dev);
+  HMC_EXPECT(stream.ok(), stream.status().to_string());
+  CollOptions opt;
+  opt.stream = stream->native();
+  std::vector<DevBuf> send, recv;
+  std::vector<Request> reqs;
+  for (int k = 0; k < calls; ++k) {
+    auto s = DevBuf::make(e.ctx, dev, bytes), r = DevBuf::make(e.ctx, dev, bytes);
+    HMC_EXPECT(s.ok() && r.ok(), "device allocation failed");
+    for (std::size_t i = 0; i < count; ++i) as_i32(*s)[i] = static_cast<int32_t>(i % 977) + k * 10 + e.rank;
+    HMC_EXPECT_OK(s->push());
+    send.push_back(std::move(s.value()));
+    recv.push_back(std::move(r.value()));
+  }
+  for (int k = 0; k < calls; ++k)
+    reqs.push_back(all_reduce(e.comm, send[k].ptr(), recv[k].ptr(), count, DataType::kInt32, ReduceOp::kSum, opt));
+  HMC_EXPECT_OK(stream->synchronize());
+  for (int k = 0; k < calls; ++k) {
+    HMC_EXPECT(reqs[k].test(), "the stream ran past call " + std::to_string(k));
+    HMC_EXPECT_OK(reqs[k].status());
+    HMC_EXPECT_OK(recv[k].pull());
+    for (std::size_t i = 0; i < count; ++i) {
+      int32_t want = 0;
+      for (int q = 0; q < e.size; ++q) want += static_cast<int32_t>(i % 977) + k * 10 + q;
+      HMC_EXPECT(as_i32(recv[k])[i] == want, "call " + std::to_string(k) + " element " + std::to_string(i));
+    }
+  }
+  return 0;
+}
+
+// Whether stream-ordered calls stage through host memory in this run (ctest's
+// device.emu.unstaged sets HMC_STREAM_STAGE=0).
+bool staging_on() {
+  const char* v = std::getenv("HMC_STREAM_STAGE");
+  return !(v && std::string(v) == "0");
+}
+
+// Bytes of host memory registered, summed from an HMC_EMU_REGISTER_LOG file.
+std::size_t registered_bytes(const std::string& log) {
+  std::ifstream in(log);
+  std::string what;
+  std::size_t n = 0, total = 0;
+  while (in >> what >> n)
+    if (what == "register") total += n;
+  return total;
+}
+
 }  // namespace
 
 TEST_CASE("stream-ordered group, in-place all_gather and all_to_all_v keep every layout", "[device][stream]") {
@@ -202,5 +256,52 @@ TEST_CASE("a stream on host memory is refused clearly", "[device][stream]") {
     HMC_EXPECT(s.message().find("stream") != std::string::npos, s.message());
     return 0;
   }, kWait);
+  REQUIRE(all_ok(exits));
+}
+
+TEST_CASE("queued stream-ordered calls stay within HMC_STREAM_STAGE_MAX of host staging", "[device][stream]") {
+  if (device_under_test() != "emu" || !staging_on()) {
+    WARN("needs the emulated provider's registration log and staging: skipped");
+    return;
+  }
+  // 8 calls of 256 KiB in and out: a 512 KiB staging block each. Within 1 MiB a rank has
+  // two; unbounded, up to eight.
+  const std::string log = "/tmp/hmc-stage-max-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  auto exits = run_ranks(2, {{"HMC_EMU_STREAM_DELAY_US", "20000"}, {"HMC_EMU_REGISTER_LOG", log},
+                             {"HMC_STREAM_STAGE_MAX", "1M"}},
+                         [](RankEnv& e) { return queued_all_reduces(e, 8, 64 * 1024); }, kWait);
+  INFO(describe(exits));
+  REQUIRE(all_ok(exits));
+  const std::size_t registered = registered_bytes(log);
+  std::remove(log.c_str());
+  CHECK(registered >= 2 * 512 * 1024);
+  CHECK(registered <= 2 * 1024 * 1024);
+}
+
+TEST_CASE("a stream-ordered call that cannot get staging within HMC_TIMEOUT fails clearly", "[device][stream]") {
+  if (device_under_test() != "emu" || !staging_on()) {
+    WARN("needs the emulated provider's slow streams and staging: skipped");
+    return;
+  }
+  // Each stream operation takes 3 s: the first call holds the only block HMC_STREAM_STAGE_MAX
+  // allows well past the second call's 1 s deadline.
+  auto exits = run_ranks(2, {{"HMC_EMU_STREAM_DELAY_US", "3000000"}, {"HMC_STREAM_STAGE_MAX", "64K"},
+                             {"HMC_TIMEOUT", "1s"}}, [](RankEnv& e) {
+    const DeviceId dev = device_for(e.ctx, e.rank);
+    auto a = DevBuf::make(e.ctx, dev, 4096), b = DevBuf::make(e.ctx, dev, 4096);
+    auto stream = Stream::create(e.ctx, dev);
+    HMC_EXPECT(a.ok() && b.ok() && stream.ok(), "setup");
+    CollOptions opt;
+    opt.stream = stream->native();
+    Request first = all_reduce(e.comm, a->ptr(), a->ptr(), 1024, DataType::kInt32, ReduceOp::kSum, opt);
+    Request second = all_reduce(e.comm, b->ptr(), b->ptr(), 1024, DataType::kInt32, ReduceOp::kSum, opt);
+    Status s = second.wait(kWait);
+    HMC_EXPECT(s.code() == ErrorCode::kTimeout, s.to_string());
+    HMC_EXPECT(s.message().find("HMC_STREAM_STAGE_MAX") != std::string::npos, s.message());
+    (void)first.wait(kWait);  // times out too: its stream has not reached it
+    return 0;
+  }, kWait);
+  INFO(describe(exits));
   REQUIRE(all_ok(exits));
 }
