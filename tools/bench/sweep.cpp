@@ -1,9 +1,9 @@
 // The sweep on one rank. Per row and form: known input, -w warm-up calls, a barrier, -n timed
-// calls (each waited for; with -z 0 issued back to back and waited for at the end; with
-// --stream each on the rank's device stream, which is drained where a call is waited for),
-// time = elapsed / n on every rank, then rank 0 combines the
-// ranks' times (-a: max by default) and sums their wrong elements (point-to-point, so the
-// bookkeeping never runs through the collective being measured).
+// calls (both sets each waited for; with -z 0 issued back to back and waited for at the end;
+// with --stream each on the rank's device stream, drained where calls are waited for), time
+// = elapsed / n on every rank, then rank 0 combines the ranks' times (-a: max by default)
+// and sums their wrong elements (point-to-point, so the bookkeeping never runs through the
+// collective being measured).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -54,16 +54,21 @@ class Sweep {
       return r.wait();
     };
 
+    // Warm-up calls go as the timed ones do (nccl-tests too), so that what a burst of calls
+    // in flight sets up (scratch, host staging on a stream) is there before the clock runs.
+    auto calls = [&](int n) -> Status {
+      if (opt_.blocking) {
+        for (int i = 0; i < n; ++i) HMC_RETURN_IF_ERROR(call());
+        return {};
+      }
+      HMC_RETURN_IF_ERROR(back_to_back(issue, n));
+      return drain();
+    };
     HMC_RETURN_IF_ERROR(prepare(d, lay, send, in_place));
-    for (int i = 0; i < opt_.warmup; ++i) HMC_RETURN_IF_ERROR(call());
+    HMC_RETURN_IF_ERROR(calls(opt_.warmup));
     HMC_RETURN_IF_ERROR(barrier(comm_).wait());
     auto t0 = Clock::now();
-    if (opt_.blocking) {
-      for (int i = 0; i < opt_.iters; ++i) HMC_RETURN_IF_ERROR(call());
-    } else {
-      HMC_RETURN_IF_ERROR(back_to_back(issue));
-      HMC_RETURN_IF_ERROR(drain());
-    }
+    HMC_RETURN_IF_ERROR(calls(opt_.iters));
     RankResult mine{std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / opt_.iters, 0};
 
     if (opt_.check) {
@@ -84,12 +89,13 @@ class Sweep {
   // stream's own copies behind it).
   Status drain() { return stream_.native() ? stream_.synchronize() : Status(); }
 
-  // -z 0: the timed calls without waiting in between, at most kInFlight pending at a time.
+  // -z 0: `n` calls without waiting in between, at most kInFlight pending at a time.
   template <class Issue>
-  Status back_to_back(const Issue& issue) {
+  Status back_to_back(const Issue& issue, int n) {
     constexpr std::size_t kInFlight = 64;
-    std::vector<Request> pending(std::min<std::size_t>(kInFlight, static_cast<std::size_t>(opt_.iters)));
-    for (int i = 0; i < opt_.iters; ++i) {
+    if (n <= 0) return {};
+    std::vector<Request> pending(std::min<std::size_t>(kInFlight, static_cast<std::size_t>(n)));
+    for (int i = 0; i < n; ++i) {
       Request& slot = pending[static_cast<std::size_t>(i) % pending.size()];
       if (slot.valid()) HMC_RETURN_IF_ERROR(slot.wait());
       slot = issue();
