@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <utility>
 
 #include "hmc/context.h"
 #include "hmc/status.h"
