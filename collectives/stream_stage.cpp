@@ -41,11 +41,15 @@ Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_
     const auto m = ctx.mem_info(e.p, e.bytes);
     return m.device_mem && m.provider == p && m.device == home.device;
   };
-  std::vector<Extent> all;
-  for (const auto* list : {&in, &out})
-    for (const Extent& e : *list)
-      if (staged(e)) all.push_back(e);
-  if (all.empty()) return st;
+  // Each extent looked up once (mem_info takes the allocation table's lock).
+  std::vector<Extent> ins, outs;
+  for (const Extent& e : in)
+    if (staged(e)) ins.push_back(e);
+  for (const Extent& e : out)
+    if (staged(e)) outs.push_back(e);
+  if (ins.empty() && outs.empty()) return st;
+  std::vector<Extent> all = ins;
+  all.insert(all.end(), outs.begin(), outs.end());
   if (!(p->dev->caps & HMC_DEV_CAP_HOST_REGISTER)) {
     static std::atomic<bool> told{false};
     if (!told.exchange(true))
@@ -91,10 +95,8 @@ Result<StreamStage> StreamStage::make(core::ContextImpl& ctx, const std::shared_
     s.host = next;
     next += aligned(s.bytes);
   }
-  for (const Extent& e : in)
-    if (staged(e)) st.in_.push_back({st.host_of(e.p), e.p, e.bytes});
-  for (const Extent& e : out)
-    if (staged(e)) st.out_.push_back({const_cast<void*>(e.p), st.host_of(e.p), e.bytes});
+  for (const Extent& e : ins) st.in_.push_back({st.host_of(e.p), e.p, e.bytes});
+  for (const Extent& e : outs) st.out_.push_back({const_cast<void*>(e.p), st.host_of(e.p), e.bytes});
   return st;
 }
 
