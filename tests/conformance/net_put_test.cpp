@@ -1,8 +1,10 @@
 // Puts: data at the offset and nowhere else, refusals, the ordering contract,
 // and a put from another process.
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -20,8 +22,10 @@ namespace {
 // and the number taken by another memfd, the decoy (shm must notice that the
 // fd names another file, leave the decoy alone and fall back to its other way),
 // or the plugin's own mem_alloc (HMC_NET_CAP_MEM_ALLOC; the region registers a
-// range inside it, which the plugin must serve from the allocation's registration).
-enum class Mem { heap, shared, shared_fd_reused, provider };
+// range inside it, which the plugin must serve from the allocation's registration),
+// or a large anonymous mapping whose pages nobody touched (MAP_NORESERVE: reads give
+// zeros and cost no memory; the test poisons only the bytes it checks).
+enum class Mem { heap, shared, shared_fd_reused, provider, sparse };
 
 // The kinds of memory `s` is checked with: `base`, and the plugin's own when it has it.
 std::vector<Mem> with_provider(const Session& s, std::vector<Mem> base) {
@@ -39,6 +43,8 @@ const char* mem_name(Mem m) {
       return "shared memory whose fd now names another file";
     case Mem::provider:
       return "memory from the plugin's mem_alloc";
+    case Mem::sparse:
+      return "sparse anonymous memory (MAP_NORESERVE)";
   }
   return "?";
 }
@@ -51,6 +57,7 @@ struct Region {
   std::unique_ptr<SharedMem> shared;
   std::unique_ptr<SharedMem> decoy;  // shared_fd_reused: holds the old fd number
   void* alloc_mr = nullptr;          // provider: mem_alloc's registration
+  void* mapping = nullptr;           // sparse: the mapping, unmapped at the end
   char* base = nullptr;
   size_t len = 0;
   size_t guard = 0;
@@ -68,6 +75,11 @@ struct Region {
       REQUIRE(ptr != nullptr);
       base = static_cast<char*>(ptr);
       std::memset(base, kPoison, len + guard);
+    } else if (kind == Mem::sparse) {
+      mapping = mmap(nullptr, len + guard, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      REQUIRE(mapping != MAP_FAILED);
+      base = static_cast<char*>(mapping);
     } else {
       shared = std::make_unique<SharedMem>(len + guard, kPoison);
       INFO(shared->error());
@@ -84,6 +96,7 @@ struct Region {
   ~Region() {
     dereg();
     if (alloc_mr != nullptr) CHECK(owner->p->mem_free(owner->state, base, alloc_mr) == HMC_PROV_OK);
+    if (mapping != nullptr) munmap(mapping, len + guard);
   }
   char* data() const { return base; }
   size_t size() const { return len; }
@@ -238,6 +251,59 @@ TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]
       REQUIRE(o.rc == HMC_PROV_OK);
       check_region(r, 5, small);
     }
+  });
+}
+
+// Offsets and bounds are 64-bit in the ABI: a provider that keeps them in 32 bits would
+// land a put past 4 GiB near the region's start, or take a far offset for a near one.
+TEST_CASE("net: puts reach offsets past 4 GiB and stay inside the region", "[net][put][large]") {
+  for_each_plugin([](Session& s) {
+    if (skip_without_put(s)) return;
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    constexpr uint64_t k4G = uint64_t{1} << 32;
+    constexpr size_t kMiB = size_t{1} << 20, kGuard = 4096;
+    const size_t len = k4G + kMiB;
+    // Strict overcommit (vm.overcommit_memory=2) refuses the mapping: nothing to check then.
+    if (void* m = mmap(nullptr, len + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0); m == MAP_FAILED) {
+      WARN("no sparse mapping of " << len << " bytes here (" << std::strerror(errno) << "): skipped");
+      return;
+    } else {
+      munmap(m, len + kGuard);
+    }
+    Region r(t, len, Mem::sparse, kGuard);
+    // Poison from 1 MiB below the 4 GiB mark to past the end; the rest reads as zeros.
+    const uint64_t lo = k4G - kMiB;
+    const size_t watched = len + kGuard - lo;
+    std::memset(r.data() + lo, kPoison, watched);
+    const auto across = random_bytes(kMiB, 310);  // from 512 KiB below the mark to above it
+    const auto past = random_bytes(64 << 10, 311);
+    const uint64_t across_at = k4G - kMiB / 2 + 3, past_at = across_at + kMiB + 4096;
+    for (auto [data, offset] : {std::pair{&across, across_at}, std::pair{&past, past_at}}) {
+      INFO("put of " << data->size() << " bytes at " << offset);
+      Outcome o = put_outcome(s, link.a, data->data(), data->size(), r.rkey, offset);
+      INFO(o.message);
+      REQUIRE_FALSE(o.timed_out);
+      REQUIRE(o.rc == HMC_PROV_OK);
+      CHECK(first_diff(r.data() + offset, data->data(), data->size()) == data->size());
+    }
+    // Poison everywhere else in the watched window, zeros where a cut offset would land.
+    CHECK(first_not(r.data() + lo, across_at - lo, kPoison) == across_at - lo);
+    const uint64_t gap = across_at + kMiB;
+    CHECK(first_not(r.data() + gap, past_at - gap, kPoison) == past_at - gap);
+    const uint64_t tail = past_at + past.size();
+    CHECK(first_not(r.data() + tail, len + kGuard - tail, kPoison) == len + kGuard - tail);
+    CHECK(first_not(r.data(), 2 * kMiB, 0) == 2 * kMiB);
+    for (auto [offset, n] : {std::pair<uint64_t, size_t>{len - 10, 100}, {2 * k4G + 16, 64}, {len, 1}}) {
+      Outcome o = put_outcome(s, link.a, past.data(), n, r.rkey, offset);
+      INFO("put of " << n << " bytes at offset " << offset << ": rc " << o.rc << " " << o.message);
+      CHECK_FALSE(o.timed_out);
+      CHECK(o.rc == HMC_PROV_ERR_OUT_OF_BOUNDS);
+    }
+    CHECK(first_not(r.data() + len, kGuard, kPoison) == kGuard);
+    CHECK(first_not(r.data(), 2 * kMiB, 0) == 2 * kMiB);
   });
 }
 
