@@ -160,15 +160,23 @@ bool skip_without_put(Session& s) {
   return true;
 }
 
-}  // namespace
-
-TEST_CASE("net: a put lands at the offset of the registered region and nowhere else",
-          "[net][put]") {
-  for_each_plugin([](Session& s) {
+// `body` for every plugin with puts, on a second session of it and a connection between
+// the two (link.a is s's end).
+void for_each_put_pair(const std::function<void(Session&, Session&, Link&)>& body) {
+  for_each_plugin([&](Session& s) {
     if (skip_without_put(s)) return;
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
+    body(s, t, link);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("net: a put lands at the offset of the registered region and nowhere else",
+          "[net][put]") {
+  for_each_put_pair([](Session& s, Session& t, Link& link) {
     uint64_t salt = 200;
     for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
@@ -199,11 +207,7 @@ TEST_CASE("net: a put lands at the offset of the registered region and nowhere e
 }
 
 TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]") {
-  for_each_plugin([](Session& s) {
-    if (skip_without_put(s)) return;
-    Session t;
-    REQUIRE(t.open(s.path));
-    Link link = connect_pair(s, t);
+  for_each_put_pair([](Session& s, Session& t, Link& link) {
     for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
       Region r(t, 1 << 20, mem, 4096);
@@ -257,11 +261,7 @@ TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]
 // Offsets and bounds are 64-bit in the ABI: a provider that keeps them in 32 bits would
 // land a put past 4 GiB near the region's start, or take a far offset for a near one.
 TEST_CASE("net: puts reach offsets past 4 GiB and stay inside the region", "[net][put][large]") {
-  for_each_plugin([](Session& s) {
-    if (skip_without_put(s)) return;
-    Session t;
-    REQUIRE(t.open(s.path));
-    Link link = connect_pair(s, t);
+  for_each_put_pair([](Session& s, Session& t, Link& link) {
     constexpr uint64_t k4G = uint64_t{1} << 32;
     constexpr size_t kMiB = size_t{1} << 20, kGuard = 4096;
     const size_t len = k4G + kMiB;
@@ -313,11 +313,7 @@ TEST_CASE("net: puts reach offsets past 4 GiB and stay inside the region", "[net
 // it themselves (ucx over shared memory), and then a put already decided can land; it must
 // land whole (docs/provider-guide.md).
 TEST_CASE("net: a put racing the target's deregistration does not land", "[net][put][revoked]") {
-  for_each_plugin([](Session& s) {
-    if (skip_without_put(s)) return;
-    Session t;
-    REQUIRE(t.open(s.path));
-    Link link = connect_pair(s, t);
+  for_each_put_pair([](Session& s, Session& t, Link& link) {
     const auto big = random_bytes(4 << 20, 303);
     for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
       INFO(mem_name(mem));
