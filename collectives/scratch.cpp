@@ -6,6 +6,7 @@
 #include <new>
 
 #include "core/context_impl.h"
+#include "core/log.h"
 #include "core/plugin_registry.h"
 #include "core/stream_order.h"
 
@@ -75,6 +76,7 @@ Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t 
   // Sizes in eighths of a power of two: at most 12.5 % unused, and few distinct sizes.
   const std::size_t want = std::max<std::size_t>(bytes, kMinBlock), step = std::bit_ceil(want) / 8;
   size = (want + step - 1) / step * step;
+  std::vector<Staging> evicted;
   {
     std::lock_guard lock(mu_);
     auto best = best_fit(staging_, [&](const Staging& s) { return s.p == p && s.size >= bytes; },
@@ -86,10 +88,22 @@ Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t 
       ++staging_taken_;
       return block;
     }
-    if (staging_taken_ > 0 && staging_bytes_ + size > limit) return nullptr;
+    if (staging_bytes_ + size > limit) {
+      if (staging_taken_ > 0) return nullptr;
+      // None taken, so no stream-ordered call of this communicator is in flight: kept blocks,
+      // none of which fits, go, the largest first, until this one fits (one call may exceed).
+      while (!staging_.empty() && staging_bytes_ + size > limit) {
+        auto largest = std::max_element(staging_.begin(), staging_.end(),
+                                        [](const Staging& a, const Staging& b) { return a.size < b.size; });
+        staging_bytes_ -= largest->size;
+        evicted.push_back(*largest);
+        staging_.erase(largest);
+      }
+    }
     staging_bytes_ += size;  // claimed before the (slow) registration, released on failure
     ++staging_taken_;
   }
+  for (const Staging& e : evicted) release_staging(e);
   auto unclaim = [&] {
     std::lock_guard lock(mu_);
     staging_bytes_ -= size;
@@ -115,12 +129,19 @@ void ScratchPool::give_staging(core::LoadedProvider* p, uint8_t* block, std::siz
   --staging_taken_;
 }
 
+void ScratchPool::release_staging(const Staging& st) {
+  if (st.p->dev->host_unregister(st.p->state, st.block) != 0) {
+    // Freeing memory the device may still count as registered is worse than leaking it.
+    HMC_LOG("coll", warn, "{} could not unregister {} bytes of host staging ({}): the block is leaked",
+            st.p->name, st.size, core::provider_error(*st.p));
+    return;
+  }
+  Scratch::HeapFree{}(st.block);
+}
+
 ScratchPool::~ScratchPool() {
   for (auto& [block, size] : host_) Scratch::HeapFree{}(block);
-  for (auto& st : staging_) {
-    st.p->dev->host_unregister(st.p->state, st.block);
-    Scratch::HeapFree{}(st.block);
-  }
+  for (auto& st : staging_) release_staging(st);
 }
 
 Scratch::~Scratch() {

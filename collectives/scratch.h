@@ -41,11 +41,14 @@ class ScratchPool {
   void give_host(uint8_t* block, std::size_t size);
   // A host block of at least `bytes` registered with `p` (host_register), for the copies
   // of stream-ordered collectives (stream_stage.h); its size in `size`. A kept block that
-  // fits is reused; a new one is made only while the pool's blocks stay within `limit`
-  // bytes, or while none is taken: else null (ok), and the caller retries once its earlier
+  // fits is reused; a new one is made while the pool's blocks stay within `limit` bytes.
+  // Past it, while a block is taken: null (ok), and the caller retries once its earlier
   // calls gave theirs back (a block leaked after a provider failure never comes back and
-  // keeps counting). Blocks stay registered while kept: unregistering may wait for the
-  // whole device, as freeing does.
+  // keeps counting). Past it with none taken: kept blocks are unregistered and freed, the
+  // largest first, until the new one fits or none is left (one call may exceed `limit`).
+  // Unregistering waits for all the device's queued work (cudaHostUnregister does, as
+  // cudaFree does), so it happens only then, when no stream waits on this communicator:
+  // blocks otherwise stay registered while kept.
   Result<uint8_t*> take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t limit, std::size_t& size);
   void give_staging(core::LoadedProvider* p, uint8_t* block, std::size_t size);
   ~ScratchPool();
@@ -56,6 +59,8 @@ class ScratchPool {
     uint8_t* block;
     std::size_t size;
   };
+  // Unregisters and frees a block no call holds (leaks it if unregistering fails).
+  static void release_staging(const Staging& st);
   std::mutex mu_;
   std::vector<Memory> free_;
   std::vector<std::pair<uint8_t*, std::size_t>> host_;
