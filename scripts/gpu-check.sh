@@ -81,6 +81,8 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 sed -n '/GPU0/,/^$/p' "$out/machine.log" | head -12
 step probe 60 "$bin/hmc-probe" || true
 grep -A4 '^Devices' "$out/probe.log" | sed 's/^/   /'
+# Which CUDA calls wait for the whole device (none may run while a stream waits on a flag).
+if [ -x "$bin/hmc-cuda-waits" ]; then step cuda-waits 60 "$bin/hmc-cuda-waits"; sed 's/^/   /' "$out/cuda-waits.log"; fi
 [ $ref_ok -eq 1 ] && step nccl-smoke 90 "$bin/hmc-gpu-ref" -b 8 -e 1M -f 32 -n 5 -w 2 --no-p2p
 
 # 3. GPU-labelled tests (TESTS=0 leaves them out, for a run that only measures).

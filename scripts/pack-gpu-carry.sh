@@ -3,7 +3,7 @@
 # without Debian's packages can run from (it has CUDA, NCCL and a driver; not spdlog, fmt,
 # UCX, ibverbs ...):
 #
-#   bin/        hmc-bench, hmc-probe, hmc-gpu-ref and the binaries of the GPU-labelled tests
+#   bin/        hmc-bench, hmc-probe, hmc-gpu-ref, hmc-cuda-waits and the binaries of the GPU-labelled tests
 #   lib/        libhmc.so and every provider (cuda and nccl included), lib/test-providers/ (emu)
 #   deps/       the Debian shared libraries those need (ldd), minus libc, CUDA and NCCL;
 #   deps/compat libstdc++ and libgcc_s, used only where the machine's own are too old
@@ -27,7 +27,7 @@ fi
 cmake "$build" >/dev/null  # pick up new sources (and CUDA, if it appeared)
 ninja -C "$build" hmc hmc-bench hmc-probe hmc-net-shm hmc-net-tcp
 left_out=()  # optional pieces that are not here or do not build now: not carried
-for t in hmc-device-cuda hmc-ccl-nccl hmc-gpu-ref hmc-device-emu hmc-net-ucx; do
+for t in hmc-device-cuda hmc-ccl-nccl hmc-gpu-ref hmc-cuda-waits hmc-device-emu hmc-net-ucx; do
   if ! ninja -C "$build" -t query "$t" >/dev/null 2>&1; then echo "pack: no target $t here"; left_out+=("$t")
   elif ! ninja -C "$build" "$t"; then echo "pack: WARNING: $t does not build; left out" >&2; left_out+=("$t"); fi
 done
@@ -56,7 +56,7 @@ mapfile -t test_bins < <(sort -u <<<"$bins" | grep .)
 
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib/test-providers" "$carry/deps/compat"
-for f in hmc-bench hmc-probe hmc-gpu-ref "${test_bins[@]}"; do
+for f in hmc-bench hmc-probe hmc-gpu-ref hmc-cuda-waits "${test_bins[@]}"; do
   [ -f "$build/bin/$f" ] && cp "$build/bin/$f" "$carry/bin/"
 done
 cp "$build"/lib/libhmc*.so "$carry/lib/"
