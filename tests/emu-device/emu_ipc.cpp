@@ -185,6 +185,7 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
 
 int ipc_close(void* state, void* ptr) {
   auto* s = static_cast<State*>(state);
+  if (int rc = wait_device_idle(s, "ipc_close"); rc != HMC_PROV_OK) return rc;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   ShadowRef dropped;  // unmapped after the lock, once queued work lets go of it
   std::unique_lock lock(s->mem_mu);

@@ -192,6 +192,7 @@ int mem_free(void* state, int device, void* ptr) {
                 s->devices);
   }
   if (ptr == nullptr) return HMC_PROV_OK;
+  if (int rc = wait_device_idle(s, "mem_free"); rc != HMC_PROV_OK) return rc;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   ShadowRef dropped;  // unmapped after the lock, once queued work lets go of it
   std::unique_lock lock(s->mem_mu);

@@ -30,6 +30,10 @@ int event_query(void* state, void* event);
 int flag_alloc(void* state, int device, volatile uint32_t** flag);
 int flag_free(void* state, volatile uint32_t* flag);
 int stream_wait_flag(void* state, void* stream, volatile uint32_t* flag, uint32_t value);
+// With HMC_EMU_DEVICE_WIDE_FREES, waits until no stream has work queued, as CUDA's frees
+// wait for the device; INTERNAL (noted "device-wide-wait-stuck") after 5 s. `what` names
+// the caller in the error.
+int wait_device_idle(State* s, const char* what);
 // Destroys every stream, event and flag the host left behind; called by fini.
 // Appends "<what> <n>" to HMC_EMU_REGISTER_LOG, when set, for tests to count.
 void note(const State* s, const char* what, size_t n);

@@ -63,6 +63,7 @@ int host_register(void* state, void* ptr, size_t bytes) {
 
 int host_unregister(void* state, void* ptr) {
   auto* s = static_cast<State*>(state);
+  if (int rc = wait_device_idle(s, "host_unregister"); rc != HMC_PROV_OK) return rc;
   size_t bytes = 0;
   {
     std::unique_lock lock(s->mem_mu);

@@ -63,6 +63,7 @@ struct State {
   uint32_t query_lag_us = 0;  // HMC_EMU_QUERY_LAG_US
   uint64_t fail_op = 0;     // HMC_EMU_FAIL_STREAM_OP: this stream operation (1-based) fails
   uint32_t queues = 0;      // HMC_EMU_QUEUES: hardware queues per device (0: one per stream)
+  bool device_wide_frees = false;  // HMC_EMU_DEVICE_WIDE_FREES
   std::atomic<uint64_t> stream_ops{0};  // stream operations started, for fail_op
   std::string register_log;  // HMC_EMU_REGISTER_LOG: file that host_register events go to
   hmc::cpu::State cpu;      // handed to the cpu reduce kernels

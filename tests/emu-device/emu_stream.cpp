@@ -8,10 +8,12 @@
 // stream that waits on a failed event fails too (sticky, like a GPU's async error).
 #include "emu_stream.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "emu_ops.h"
 
@@ -257,6 +259,27 @@ int stream_destroy(void* state, void* stream) {
   }
   st.reset();  // joins the worker, outside obj_mu (a submit may hold a reference a while)
   return HMC_PROV_OK;
+}
+
+int wait_device_idle(State* s, const char* what) {
+  if (!s->device_wide_frees) return HMC_PROV_OK;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      std::lock_guard lock(s->obj_mu);
+      for (const auto& [handle, st] : s->streams) all.push_back(st);
+    }
+    // A failed stream runs nothing more: it counts as idle.
+    if (std::none_of(all.begin(), all.end(), [](const auto& st) { return st->query() == HMC_PROV_IN_PROGRESS; }))
+      return HMC_PROV_OK;
+    if (std::chrono::steady_clock::now() > until) {
+      note(s, "device-wide-wait-stuck", 1);
+      return fail(HMC_PROV_ERR_INTERNAL, "%s: a stream still had work queued after 5 s: a device-wide wait would "
+                  "never have returned", what);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 int stream_query(void* state, void* stream) {

@@ -1,12 +1,16 @@
 // Streams of the emulated device: asynchronous and in order (shown with a per-operation
 // delay), stream_wait_flag and events hold work back, streams sharing a hardware queue
 // (HMC_EMU_QUEUES) hold each other back, destroy ends a blocked stream, and foreign
-// handles are refused.
+// handles are refused; with HMC_EMU_DEVICE_WIDE_FREES frees wait for queued stream work.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
+#include <string>
 #include <thread>
 
 #include "emu_session.h"
@@ -224,4 +228,39 @@ TEST_CASE("handles that are not the provider's are refused without a crash", "[e
   CHECK(emu.p->stream_destroy(emu.state, s) == HMC_PROV_ERR_INVALID);  // twice
   CHECK(emu.p->event_destroy(emu.state, e) == 0);
   CHECK(emu.p->stream_create(emu.state, 2, &s) == HMC_PROV_ERR_INVALID);
+}
+
+TEST_CASE("with HMC_EMU_DEVICE_WIDE_FREES a free waits for queued stream work, and gives up",
+          "[emu][streams][flags]") {
+  // As cudaFree and cudaHostUnregister wait for the device; after 5 s it fails and notes it.
+  const std::string log = "/tmp/hmc-emu-wide-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  Plugin emu{HMC_EMU_PLUGIN, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log}}};
+  REQUIRE(emu.init_rc == HMC_PROV_OK);
+  void* stream = nullptr;
+  REQUIRE(emu.p->stream_create(emu.state, 0, &stream) == 0);
+  volatile uint32_t* flag = nullptr;
+  REQUIRE(emu.p->flag_alloc(emu.state, 0, &flag) == 0);
+  void* a = emu.alloc(0, kBytes);
+  void* b = emu.alloc(1, kBytes);  // on the other device: the emulator waits for every stream
+  REQUIRE(emu.p->stream_wait_flag(emu.state, stream, flag, 1) == 0);
+  auto freed = std::async(std::launch::async, [&] { return emu.p->mem_free(emu.state, 0, a); });
+  CHECK(freed.wait_for(200ms) == std::future_status::timeout);
+  __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);
+  CHECK(result_within_10s(freed, "mem_free after the flag was set") == 0);
+  // A wait nobody will end: the free fails after 5 s instead of hanging, and says so.
+  REQUIRE(emu.p->stream_wait_flag(emu.state, stream, flag, 2) == 0);
+  auto stuck = std::async(std::launch::async, [&] { return emu.p->mem_free(emu.state, 1, b); });
+  CHECK(result_within_10s(stuck, "mem_free behind a wait nobody ends") == HMC_PROV_ERR_INTERNAL);
+  __atomic_store_n(flag, 2u, __ATOMIC_RELEASE);
+  CHECK(emu.wait(emu.p->stream_query, stream) == HMC_PROV_OK);
+  emu.free(1, b);
+  CHECK(emu.p->stream_destroy(emu.state, stream) == 0);
+  CHECK(emu.p->flag_free(emu.state, flag) == 0);
+  std::ifstream in(log);
+  std::string what;
+  std::size_t n = 0, stuck_notes = 0;
+  while (in >> what >> n) stuck_notes += what == "device-wide-wait-stuck";
+  std::remove(log.c_str());
+  CHECK(stuck_notes == 1);
 }
