@@ -89,14 +89,16 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
   auto key = std::make_pair(peer, offer.alloc_id);
   auto it = imports_.find(key);
   if (it == imports_.end()) {
-    if (imports_.size() >= kMaxImports) {
+    // Closing an import waits for the whole device (cudaIpcCloseMemHandle), and so would not
+    // return while a stream waits on a flag of this context, which only progress sets (this
+    // thread's, perhaps): then the cache grows past kMaxImports until no flag is pending.
+    while (imports_.size() >= kMaxImports && !ctx_.engine()->held()) {
       auto oldest = imports_.end();
       for (auto i = imports_.begin(); i != imports_.end(); ++i)
         if (i->second.copies == 0 && (oldest == imports_.end() || i->second.last_use < oldest->second.last_use)) oldest = i;
-      if (oldest != imports_.end()) {
-        close_import(oldest->first, oldest->second);
-        imports_.erase(oldest);
-      }
+      if (oldest == imports_.end()) break;
+      close_import(oldest->first, oldest->second);
+      imports_.erase(oldest);
     }
     void* ptr = nullptr;
     if (target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) != 0 || !ptr)

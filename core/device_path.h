@@ -116,7 +116,8 @@ class DeviceTransfers {
   ContextImpl& ctx_;
   bool async_ = true;  // HMC_IPC_ASYNC
   // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
-  // comes and goes): beyond this many, the least recently used idle one is closed.
+  // comes and goes): beyond this many, the least recently used idle one is closed, but
+  // only while no stream waits on a flag (closing waits for the whole device).
   static constexpr std::size_t kMaxImports = 64;
   uint64_t uses_ = 0;
   std::map<std::pair<int, uint64_t>, Import> imports_;  // (peer, its alloc_id)

@@ -277,6 +277,11 @@ void ProgressEngine::release() {
   --holds_;
 }
 
+bool ProgressEngine::held() {
+  std::lock_guard lock(mu_);
+  return holds_ > 0;
+}
+
 void ProgressEngine::background_loop() {
   int idle = 0;
   while (!closed_) {

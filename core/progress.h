@@ -78,6 +78,8 @@ class ProgressEngine {
   // complete even when nobody waits on them (core/stream_order.h).
   void hold();
   void release();
+  // Whether any hold is in place: a stream then waits on a flag that progress sets.
+  bool held();
   ~ProgressEngine();
   // HMC_TIMEOUT, for Request::wait() without an argument.
   std::chrono::milliseconds default_timeout{60000};

@@ -222,6 +222,51 @@ int growing_all_reduces(RankEnv& e, const std::vector<std::size_t>& counts) {
   return 0;
 }
 
+// Rank 0 queues a stream-ordered all_reduce that rank 1 joins only after it received
+// `messages` rendezvous sends from rank 0, each into a device allocation of its own: rank 0
+// imports each by IPC while its stream waits on the all_reduce's flag, and closes imports
+// past its cache's size. Closing one waits for the whole device (cudaIpcCloseMemHandle),
+// which would not return before that flag is set.
+int imports_while_stream_waits(RankEnv& e, int messages, std::size_t bytes) {
+  const DeviceId dev = device_for(e.ctx, e.rank);
+  auto stream = Stream::create(e.ctx, dev);
+  auto acc = DevBuf::make(e.ctx, dev, 1024 * sizeof(int32_t));
+  HMC_EXPECT(stream.ok() && acc.ok(), "setup");
+  acc->host.resize(1024 * sizeof(int32_t));
+  for (int i = 0; i < 1024; ++i) as_i32(*acc)[i] = i + e.rank;
+  HMC_EXPECT_OK(acc->push());
+  CollOptions opt;
+  opt.stream = stream->native();
+  auto reduce = [&] { return all_reduce(e.comm, acc->ptr(), acc->ptr(), 1024, DataType::kInt32, ReduceOp::kSum, opt); };
+  Request r;
+  if (e.rank == 0) {
+    r = reduce();
+    auto src = DevBuf::make(e.ctx, dev, bytes);
+    HMC_EXPECT(src.ok(), "setup");
+    for (int k = 0; k < messages; ++k) {
+      src->host = random_bytes(bytes, 500 + k);
+      HMC_EXPECT_OK(src->push());
+      HMC_EXPECT_OK(e.comm.isend(src->ptr(), bytes, 1, k).wait(kWait));
+    }
+  } else if (e.rank == 1) {
+    std::vector<DevBuf> dst;
+    for (int k = 0; k < messages; ++k) {
+      auto b = DevBuf::make(e.ctx, dev, bytes);
+      HMC_EXPECT(b.ok(), "device allocation " + std::to_string(k));
+      HMC_EXPECT_OK(e.comm.irecv(b->ptr(), bytes, 0, k).wait(kWait));
+      HMC_EXPECT_OK(b->pull());
+      HMC_EXPECT(b->host == random_bytes(bytes, 500 + k), "message " + std::to_string(k));
+      dst.push_back(std::move(b.value()));
+    }
+    r = reduce();
+  }
+  HMC_EXPECT_OK(stream->synchronize());
+  HMC_EXPECT_OK(r.wait(kWait));
+  HMC_EXPECT_OK(acc->pull());
+  for (int i = 0; i < 1024; ++i) HMC_EXPECT(as_i32(*acc)[i] == 2 * i + 1, "element " + std::to_string(i));
+  return 0;
+}
+
 // Whether stream-ordered calls stage through host memory in this run (ctest's
 // device.emu.unstaged sets HMC_STREAM_STAGE=0).
 bool staging_on() {
@@ -237,6 +282,17 @@ std::size_t registered_bytes(const std::string& log) {
   while (in >> what >> n)
     if (what == "register") total += n;
   return total;
+}
+
+// The lines of an HMC_EMU_REGISTER_LOG file that start with `prefix`, joined; the file
+// is removed.
+std::string take_lines(const std::string& log, const std::string& prefix) {
+  std::ifstream in(log);
+  std::string line, found;
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) found += line + "; ";
+  std::remove(log.c_str());
+  return found;
 }
 
 // The most host memory registered at once, from the same file (all ranks together).
@@ -271,12 +327,7 @@ TEST_CASE("stream-ordered all_reduce waits for earlier stream work and holds lat
     INFO(describe(exits));
     REQUIRE(all_ok(exits));
   }
-  std::ifstream in(log);
-  std::string line, left;
-  while (std::getline(in, line))
-    if (line.rfind("left-", 0) == 0) left += line + "; ";
-  std::remove(log.c_str());
-  CHECK(left.empty());
+  CHECK(take_lines(log, "left-").empty());
 }
 
 TEST_CASE("hmc::Stream copies in order, waits and refuses what it cannot do", "[device][stream]") {
@@ -338,6 +389,27 @@ TEST_CASE("a sweep of growing stream-ordered calls keeps its staging within HMC_
   INFO("registered " << total << " bytes in all, at most " << peak << " at once (2 ranks)");
   CHECK(total >= 2 * std::size_t{1664} * 1024);  // every call staged
   CHECK(peak <= 2 * (std::size_t{1} << 20));
+}
+
+TEST_CASE("IPC imports are not closed while a stream waits on a flag", "[device][ipc]") {
+  // 70 imports: past the cache's 64, so six would be closed while rank 0's stream waits.
+  // The emulator's frees and closes wait for every stream as CUDA's do, and note it when
+  // one would have waited forever. Emulator only, each stream in a queue of its own: the
+  // IPC copies are device work queued after the flag wait, which a shared hardware queue
+  // (CUDA's included) would hold behind it for good.
+  const char* queues = std::getenv("HMC_EMU_QUEUES");
+  if (device_under_test() != "emu" || (queues && std::string(queues) != "0")) {
+    WARN("needs the emulated provider with a queue per stream: skipped");
+    return;
+  }
+  const std::string log = "/tmp/hmc-wide-waits-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  auto exits = run_ranks(2, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log}},
+                         [](RankEnv& e) { return imports_while_stream_waits(e, 70, 256 * 1024); }, kWait);
+  INFO(describe(exits));
+  const std::string stuck = take_lines(log, "device-wide-wait-stuck");
+  REQUIRE(all_ok(exits));
+  CHECK(stuck.empty());
 }
 
 TEST_CASE("a stream-ordered call that cannot get staging within HMC_TIMEOUT fails clearly", "[device][stream]") {
