@@ -92,6 +92,8 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
     // Closing an import waits for the whole device (cudaIpcCloseMemHandle), and so would not
     // return while a stream waits on a flag of this context, which only progress sets (this
     // thread's, perhaps): then the cache grows past kMaxImports until no flag is pending.
+    // Not covered: a stream-ordered call that another thread makes on this communicator
+    // between the check and the close (its progress needs the lock this thread holds).
     while (imports_.size() >= kMaxImports && !ctx_.engine()->held()) {
       auto oldest = imports_.end();
       for (auto i = imports_.begin(); i != imports_.end(); ++i)
