@@ -187,8 +187,11 @@ void Provider::run() {
   constexpr int kArmTries = 64;
   std::vector<epoll_event> events(32);
   std::vector<std::pair<uint64_t, uint32_t>> ready;
-  const timespec linger{0, std::chrono::nanoseconds(kLinger).count()};
   auto look = kLinger;
+  // How long an unarmed thread sleeps: kLinger, twice as long after each pass in which the
+  // worker stayed BUSY and nothing moved, up to kLookMax (a worker stuck BUSY after a peer
+  // died over shared memory cost a core at 40 % while a close waited out its 10 s).
+  auto unarmed = kLinger;
   for (;;) {
     // The host still polls (or copies a put under mu_) and no socket spoke: nothing to do,
     // and no reason to take mu_ from the host's calls.
@@ -208,6 +211,7 @@ void Provider::run() {
     }
     bool host_polls = false;
     bool armed = false;  // the worker will signal its fd: the thread may sleep
+    bool moved = !ready.empty();
     {
       std::unique_lock lock(mu_);
       for (auto [t, ev] : ready) handle_event(t, ev);
@@ -215,13 +219,16 @@ void Provider::run() {
       drop_strangers();
       for (auto last = Clock::now(); !stop_;) {
         const auto now = Clock::now();
-        if (drive()) last = now;
+        if (drive()) {
+          last = now;
+          moved = true;
+        }
         const auto polled = Clock::duration(host_polled_.load(std::memory_order_relaxed));
         host_polls = now.time_since_epoch() - polled < kLinger;
         // Lingering pays off only where every fragment needs this side (shared
         // memory without cma); over tcp it exposed a crash in UCX 1.13 when two
-        // workers of one process talk (docs/ucx.md).
-        if (peer_errors_ || now - last > kLinger || host_polls) break;
+        // workers of one process talk (docs/ucx.md). Backing off, it does not linger.
+        if (peer_errors_ || now - last > kLinger || host_polls || (!moved && unarmed > kLinger)) break;
         unlock_and_wake(lock);
         std::this_thread::yield();
         lock.lock();
@@ -233,17 +240,18 @@ void Provider::run() {
       // looks again after kLinger instead of sleeping.
       for (int i = 0; !host_polls && !armed && i < kArmTries; ++i) {
         armed = ucp_worker_arm(worker_) != UCS_ERR_BUSY;
-        if (!armed) drive();
+        if (!armed) moved |= drive();
       }
       unlock_and_wake(lock);
     }
+    unarmed = armed || moved || host_polls ? kLinger : std::min(unarmed * 2, kLookMax);
     if (host_polls == watching_ucx) {
       if (host_polls) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
       thread_watches_.store(!host_polls, std::memory_order_relaxed);
     }
     if (!host_polls) look = kLinger;
-    const timespec wait = armed ? timespec{1, 0} : linger;
+    const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(unarmed).count()};
     int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
     for (int i = 0; i < n; ++i) {
       const uint64_t t = events[i].data.u64;
