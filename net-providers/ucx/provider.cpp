@@ -211,7 +211,13 @@ void Provider::run() {
     }
     bool host_polls = false;
     bool armed = false;  // the worker will signal its fd: the thread may sleep
-    bool moved = !ready.empty();
+    // A lifeline socket or listener that spoke is movement; the worker's fd is not (drive
+    // says whether the worker moved), nor the host's kick: a worker stuck BUSY may keep its
+    // fd readable, and a host that waits in close_conn calls often.
+    bool moved = std::any_of(ready.begin(), ready.end(), [](auto& r) {
+      const auto w = static_cast<Watch>(r.first >> 56);
+      return w == kSocket || w == kListen;
+    });
     {
       std::unique_lock lock(mu_);
       for (auto [t, ev] : ready) handle_event(t, ev);
@@ -237,18 +243,24 @@ void Provider::run() {
       // BUSY: something came in while arming; progress and try again, but a bounded number
       // of times: after a peer died over shared memory the worker was seen to stay BUSY for
       // good, and this loop held mu_ against every call of the host. Unarmed, the thread
-      // looks again after kLinger instead of sleeping.
-      for (int i = 0; !host_polls && !armed && i < kArmTries; ++i) {
+      // looks again after kLinger instead of sleeping. Backing off it tries once: 64 tries
+      // per look, each with a pass over the worker, kept it at 10 % of a core (test_thread).
+      const int tries = unarmed > kLinger ? 1 : kArmTries;
+      for (int i = 0; !host_polls && !armed && i < tries; ++i) {
         armed = ucp_worker_arm(worker_) != UCS_ERR_BUSY;
         if (!armed) moved |= drive();
       }
       unlock_and_wake(lock);
     }
     unarmed = armed || moved || host_polls ? kLinger : std::min(unarmed * 2, kLookMax);
-    if (host_polls == watching_ucx) {
-      if (host_polls) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
+    // The worker's fd is watched only by a thread that is neither leaving the worker to a
+    // polling host nor backing off from a worker it cannot arm (whose fd may stay readable
+    // and would end every back-off sleep at once).
+    const bool watch_ucx = !host_polls && unarmed == kLinger;
+    if (watch_ucx != watching_ucx) {
+      if (!watch_ucx) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
-      thread_watches_.store(!host_polls, std::memory_order_relaxed);
+      thread_watches_.store(watch_ucx, std::memory_order_relaxed);
     }
     if (!host_polls) look = kLinger;
     const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(unarmed).count()};

@@ -5,7 +5,6 @@
 // strangers must not pile up. And a peer that is stopped, not gone, must stall only
 // the close_conn that waits for it, which fails what UCX still holds; fini must end too.
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,124 +17,20 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "harness.h"
 #include "hmc/provider/net.h"
 #include "lifeline.h"
 
-using Clock = std::chrono::steady_clock;
+using ucx_test::Clock;
+using ucx_test::Peer;
+using ucx_test::Plugin;
 
 namespace {
-
-int no_config(void*, const char*, char*, size_t) { return 1; }
-void quiet(void*, int, const char*, const char*) {}
-void no_wake(void*) {}
-
-// The plugin, loaded and initialised with every transport UCX finds; closed on scope exit.
-struct Plugin {
-  Plugin() {
-    dl = dlopen(HMC_UCX_PLUGIN, RTLD_NOW | RTLD_LOCAL);
-    if (dl == nullptr) return;
-    auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl, HMC_NET_ENTRY_V1));
-    if (entry == nullptr) return;
-    p = entry();
-    char why[256] = {};
-    if (p->init(&host, &state, why, sizeof why) != HMC_PROV_OK) {
-      reason = why;
-      state = nullptr;
-    }
-  }
-  ~Plugin() {
-    if (state != nullptr) p->fini(state);
-    if (dl != nullptr) dlclose(dl);
-  }
-  // Polls conn_status until it leaves "in progress" or 10 s pass.
-  int wait_up(void* conn) const {
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    int rc = p->conn_status(state, conn);
-    while (rc == HMC_PROV_IN_PROGRESS && Clock::now() < until) {
-      p->progress(state);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      rc = p->conn_status(state, conn);
-    }
-    return rc;
-  }
-  // Polls `req` until it ends or 10 s pass; its return code, or 1 when still pending.
-  int wait(void* req) const {
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < until) {
-      int done = 0;
-      size_t bytes = 0;
-      char why[256];
-      int rc = p->test(state, req, &done, &bytes, why, sizeof why);
-      if (rc < 0 || done) return rc;
-      p->progress(state);
-    }
-    return 1;
-  }
-  // True, with a warning that the case is skipped, where the plugin did not start.
-  bool missing() const {
-    if (state != nullptr) return false;
-    WARN("ucx provider unavailable here (" << reason << "): skipped");
-    return true;
-  }
-  // Listens on 127.0.0.1; the published address, empty on failure.
-  std::string listen(void*& listener) const {
-    char addr[HMC_NET_ADDR_MAX];
-    size_t len = 0;
-    if (p->listen(state, "127.0.0.1", addr, sizeof addr, &len, &listener) != HMC_PROV_OK) return {};
-    return {addr, len};
-  }
-  // A connection to `addr`, up (conn_status 0) within 10 s; null otherwise.
-  void* connect_up(const std::string& addr, const std::string& hello) const {
-    void* conn = nullptr;
-    if (p->connect(state, addr.data(), addr.size(), hello.data(), hello.size(), &conn) != 0) return nullptr;
-    return wait_up(conn) == HMC_PROV_OK ? conn : nullptr;
-  }
-  // A connection of this provider to itself, accepted but not yet vouched for (conn_status);
-  // `in` is null when any step failed.
-  struct Loop {
-    void* listener = nullptr;
-    void* out = nullptr;
-    void* in = nullptr;
-  };
-  Loop loop(const std::string& hello) const {
-    Loop l;
-    const std::string where = listen(l.listener);
-    if (where.empty() || p->connect(state, where.data(), where.size(), hello.data(), hello.size(), &l.out) != 0) return l;
-    std::string got;
-    l.in = accept(l.listener, got);
-    if (got != hello) l.in = nullptr;
-    return l;
-  }
-  // accept() until a connection comes or 10 s pass; its hello in `hello`.
-  void* accept(void* listener, std::string& hello) const {
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    char buf[HMC_NET_HELLO_MAX];
-    while (Clock::now() < until) {
-      void* conn = nullptr;
-      size_t len = 0;
-      if (p->accept(state, listener, &conn, buf, sizeof buf, &len) == HMC_PROV_OK) {
-        hello.assign(buf, len);
-        return conn;
-      }
-      p->progress(state);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return nullptr;
-  }
-  hmc_host_services_t host{sizeof(hmc_host_services_t), nullptr, quiet, no_config, no_wake};
-  void* dl = nullptr;
-  const hmc_net_provider_t* p = nullptr;
-  void* state = nullptr;
-  std::string reason;
-};
 
 // A blocking TCP connection to "127.0.0.1:port"; -1 on failure.
 int dial(const std::string& addr) {
@@ -166,26 +61,6 @@ bool closed_within(int fd, std::chrono::seconds limit) {
     }
   } while (Clock::now() < until);
   return false;
-}
-
-// CPU seconds this process's thread called `name` has used so far (0 when none is found).
-double thread_cpu_seconds(const std::string& name) {
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string got;
-    if (!std::getline(comm, got) || got != name) continue;
-    std::ifstream stat(task.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
-    std::string f;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> f; ++i) {  // fields 14 and 15: utime, stime
-      if (i == 14) utime = std::stoull(f);
-      if (i == 15) stime = std::stoull(f);
-    }
-    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  return 0;
 }
 
 std::string stranger_handshake(std::mt19937& rng, const std::string& hello) {
@@ -297,48 +172,6 @@ TEST_CASE("ucx: a connection without a handshake is closed after ten seconds; on
   CHECK(u.p->close_listener(u.state, listener) == HMC_PROV_OK);
 }
 
-namespace {
-
-// A child process holding one accepted, ready ucx connection and then doing nothing;
-// stopped and killed by the test, and always reaped.
-struct Peer {
-  Peer() {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      close(fds[0]);
-      Plugin u;
-      void* listener = nullptr;
-      const std::string addr = u.state != nullptr ? u.listen(listener) : std::string();
-      if (addr.empty()) _exit(2);
-      if (write(fds[1], addr.data(), addr.size()) != static_cast<ssize_t>(addr.size())) _exit(3);
-      close(fds[1]);
-      std::string hello;
-      void* conn = u.accept(listener, hello);
-      if (conn == nullptr || u.wait_up(conn) != HMC_PROV_OK) _exit(4);
-      for (;;) pause();
-    }
-    close(fds[1]);
-    char buf[HMC_NET_ADDR_MAX];
-    pollfd pf{fds[0], POLLIN, 0};
-    ssize_t n = poll(&pf, 1, 10000) > 0 ? read(fds[0], buf, sizeof buf) : -1;
-    if (n > 0) addr.assign(buf, static_cast<size_t>(n));
-    close(fds[0]);
-  }
-  ~Peer() {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
-  bool ready() const { return pid > 0 && !addr.empty(); }
-  pid_t pid = -1;
-  std::string addr;
-};
-
-}  // namespace
-
 // Before close_conn let the provider's lock go between its looks, a stopped peer's close
 // held it for the whole 10 s wait: every other connection and the provider's thread
 // stood still meanwhile (pings on a second connection took 10 s).
@@ -405,14 +238,7 @@ TEST_CASE("ucx: close_conn to a stopped peer stalls no other connection", "[ucx]
 // the provider's thread all that time (it did, at 100 % of a core, before the lifeline left
 // the epoll set for the wait).
 TEST_CASE("ucx: a peer dying during close_conn does not set the provider's thread spinning", "[ucx][close][timing]") {
-  const char* before = std::getenv("UCX_TLS");
-  const std::string saved = before != nullptr ? before : "";
-  setenv("UCX_TLS", "shm", 1);
-  struct Restore {
-    bool had;
-    std::string value;
-    ~Restore() { had ? setenv("UCX_TLS", value.c_str(), 1) : unsetenv("UCX_TLS"); }
-  } restore{before != nullptr, saved};
+  ucx_test::ScopedTls shm("shm");
   Peer peer;
   REQUIRE(peer.ready());
   Plugin u;
@@ -427,12 +253,12 @@ TEST_CASE("ucx: a peer dying during close_conn does not set the provider's threa
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     kill(peer.pid, SIGKILL);
   });
-  const double cpu0 = thread_cpu_seconds("hmc-ucx");
+  const double cpu0 = ucx_test::thread_cpu_seconds("hmc-ucx");
   const auto t0 = Clock::now();
   CHECK(u.p->close_conn(u.state, far) == HMC_PROV_OK);
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   killer.join();
-  const double spent = thread_cpu_seconds("hmc-ucx") - cpu0;
+  const double spent = ucx_test::thread_cpu_seconds("hmc-ucx") - cpu0;
   INFO("close_conn took " << took << " s; the provider's thread used " << spent << " s of CPU meanwhile");
   CHECK(took < 15);
   CHECK(spent < 0.25 * took + 0.1);
