@@ -34,8 +34,9 @@ extern "C" __attribute__((visibility("default"))) ucs_status_t ucp_worker_arm(uc
   if (g_arm_busy.load(std::memory_order_relaxed)) return UCS_ERR_BUSY;
   using Arm = ucs_status_t (*)(ucp_worker_h);
   static const Arm real = [] {
-    void* ucp = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
-    return ucp != nullptr ? reinterpret_cast<Arm>(dlsym(ucp, "ucp_worker_arm")) : nullptr;
+    void* ucp = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);  // loaded by the plugin
+    void* fn = dlsym(ucp != nullptr ? ucp : RTLD_NEXT, "ucp_worker_arm");
+    return reinterpret_cast<Arm>(fn);
   }();
   return real != nullptr ? real(worker) : UCS_ERR_UNSUPPORTED;
 }
