@@ -213,8 +213,8 @@ void Provider::run() {
     bool armed = false;  // the worker will signal its fd: the thread may sleep
     // A lifeline socket or listener that spoke is movement; the worker's fd is not (drive
     // says whether the worker moved), nor the host's kick: a worker stuck BUSY may keep its
-    // fd readable, and a host that waits in close_conn calls often.
-    bool moved = std::any_of(ready.begin(), ready.end(), [](auto& r) {
+    // fd readable, and a waiting host kicks after each of its sleeps (progress()).
+    bool moved = std::any_of(ready.begin(), ready.end(), [](const auto& r) {
       const auto w = static_cast<Watch>(r.first >> 56);
       return w == kSocket || w == kListen;
     });

@@ -50,36 +50,40 @@ struct Echo {
 };
 
 // `text` to the echoing peer and back. The host posts both and then only looks (test(),
-// never progress()), so the provider's thread alone moves the reply; 2 s at most.
-Echo round_trip(const Plugin& u, void* conn, const std::string& text) {
+// never progress()), so the provider's thread alone moves the reply; 2 s at most. A round
+// trip that did not end closes `conn` (close_conn fails what still uses `buf`, which must
+// not be written after return) and sets it to null; later ones then fail at once.
+Echo round_trip(const Plugin& u, void*& conn, const std::string& text) {
   Echo e;
+  if (conn == nullptr) return e;
   char buf[256] = {};
   void* recv = nullptr;
   void* send = nullptr;
   const auto t0 = Clock::now();
-  if (u.p->recv_msg(u.state, conn, buf, sizeof buf, &recv) != HMC_PROV_OK) return e;
-  if (u.p->send_msg(u.state, conn, text.data(), text.size(), &send) != HMC_PROV_OK) return e;
   bool sent = false;
-  size_t bytes = 0;
-  char why[256];
-  for (const auto until = t0 + std::chrono::seconds(2); Clock::now() < until;) {
-    int done = 0;
-    if (!sent) {
-      const int rc = u.p->test(u.state, send, &done, &bytes, why, sizeof why);
-      if (rc < 0) return e;
-      sent = done != 0;
-    }
-    if (sent) {
-      const int rc = u.p->test(u.state, recv, &done, &bytes, why, sizeof why);
-      if (rc < 0 || done) {
-        e.rc = rc;
-        e.got.assign(buf, rc == 0 ? bytes : 0);
-        break;
+  if (u.p->recv_msg(u.state, conn, buf, sizeof buf, &recv) == HMC_PROV_OK &&
+      u.p->send_msg(u.state, conn, text.data(), text.size(), &send) == HMC_PROV_OK) {
+    size_t bytes = 0;
+    char why[256];
+    for (const auto until = t0 + std::chrono::seconds(2); e.rc == 1 && Clock::now() < until;) {
+      int done = 0;
+      if (!sent) {
+        if (u.p->test(u.state, send, &done, &bytes, why, sizeof why) < 0) break;
+        sent = done != 0;
       }
+      if (sent) {
+        const int rc = u.p->test(u.state, recv, &done, &bytes, why, sizeof why);
+        if (rc < 0 || done) e.rc = rc;
+        if (rc == 0 && done) e.got.assign(buf, bytes);
+      }
+      if (e.rc == 1) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   e.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (e.rc == 1 || !sent) {
+    u.p->close_conn(u.state, conn);
+    conn = nullptr;
+  }
   return e;
 }
 
@@ -131,5 +135,6 @@ TEST_CASE("ucx: a worker that cannot be armed costs the provider's thread little
   Echo again = round_trip(u, far, "armed again");
   CHECK(again.rc == 0);
   CHECK(again.got == "armed again");
+  REQUIRE(far != nullptr);  // else a round trip above did not end, and closed it
   CHECK(u.p->close_conn(u.state, far) == HMC_PROV_OK);
 }
