@@ -100,10 +100,15 @@ std::string check_net_table(const hmc_net_provider_t* t) {
     return "capability put set but its functions are NULL";
   // Appended functions: only read when the table is long enough to hold them.
   if (t->caps & HMC_NET_CAP_MEM_ALLOC) {
-    if (t->struct_size < sizeof(hmc_net_provider_t))
+    if (t->struct_size < offsetof(hmc_net_provider_t, mem_free) + sizeof(t->mem_free))
       return "capability mem_alloc set but the table is too short to hold its functions";
     if (!(t->caps & HMC_NET_CAP_PUT) || !t->mem_alloc || !t->mem_free)
       return "capability mem_alloc set but its functions are NULL (or put is missing)";
+  }
+  if (t->caps & HMC_NET_CAP_GET) {
+    if (t->struct_size < offsetof(hmc_net_provider_t, get) + sizeof(t->get))
+      return "capability get set but the table is too short to hold it";
+    if (!(t->caps & HMC_NET_CAP_PUT) || !t->get) return "capability get set but get is NULL (or put is missing)";
   }
   return {};
 }
@@ -137,7 +142,7 @@ std::vector<std::string> net_cap_names(uint64_t caps) {
       {HMC_NET_CAP_REMOTE, "remote"},     {HMC_NET_CAP_SAME_HOST, "same_host"},
       {HMC_NET_CAP_MEM_HOST, "mem_host"}, {HMC_NET_CAP_MEM_DMABUF, "mem_dmabuf"},
       {HMC_NET_CAP_MEM_PEER, "mem_peer"}, {HMC_NET_CAP_SINGLE_COPY, "single_copy"},
-      {HMC_NET_CAP_MEM_ALLOC, "mem_alloc"}};
+      {HMC_NET_CAP_MEM_ALLOC, "mem_alloc"}, {HMC_NET_CAP_GET, "get"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);

@@ -45,10 +45,14 @@ struct Thunks {
   static int pack_rkey(void* s, void* mr, void* rkey, size_t cap, size_t* len) {
     return guarded<P>(s, [&](P& p) { return p.pack_rkey(mr, rkey, cap, len); });
   }
-  // local_mr is unused: these providers need no source registration.
+  // local_mr is unused: these providers need no source (or destination) registration.
   static int put(void* s, void* conn, const void* src, size_t len, void* /*local_mr*/, const void* rkey,
                  size_t rkey_len, uint64_t offset, void** req) {
     return guarded<P>(s, [&](P& p) { return p.put(conn, src, len, rkey, rkey_len, offset, req); });
+  }
+  static int get(void* s, void* conn, void* dst, size_t len, void* /*local_mr*/, const void* rkey,
+                 size_t rkey_len, uint64_t offset, void** req) {
+    return guarded<P>(s, [&](P& p) { return p.get(conn, dst, len, rkey, rkey_len, offset, req); });
   }
   static int test(void* s, void* req, int* done, size_t* bytes, char* msg, size_t cap) {
     return guarded<P>(s, [&](P& p) { return p.test(req, done, bytes, msg, cap); });

@@ -32,7 +32,8 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
 
       const uint64_t known = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE |
                              HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF |
-                             HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY | HMC_NET_CAP_MEM_ALLOC;
+                             HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY | HMC_NET_CAP_MEM_ALLOC |
+                             HMC_NET_CAP_GET;
       CHECK((p->caps & ~known) == 0);
       CHECK((p->caps & (HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST)) != 0);
       CHECK((p->caps & (HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)) !=
@@ -64,9 +65,14 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
       }
       if (p->caps & HMC_NET_CAP_MEM_ALLOC) {
         CHECK((p->caps & HMC_NET_CAP_PUT) != 0);
-        REQUIRE(p->struct_size >= sizeof(hmc_net_provider_t));
+        REQUIRE(p->struct_size >= offsetof(hmc_net_provider_t, mem_free) + sizeof(p->mem_free));
         CHECK(p->mem_alloc != nullptr);
         CHECK(p->mem_free != nullptr);
+      }
+      if (p->caps & HMC_NET_CAP_GET) {
+        CHECK((p->caps & HMC_NET_CAP_PUT) != 0);
+        REQUIRE(p->struct_size >= offsetof(hmc_net_provider_t, get) + sizeof(p->get));
+        CHECK(p->get != nullptr);
       }
 
       CHECK((p->num_params == 0 || p->params != nullptr));

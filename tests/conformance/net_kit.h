@@ -68,7 +68,10 @@ class Session {
   void close();
   // A capability whose functions were appended counts only if the table holds them.
   bool has(uint64_t cap) const {
-    return (p->caps & cap) != 0 && (cap != HMC_NET_CAP_MEM_ALLOC || p->struct_size >= sizeof(hmc_net_provider_t));
+    if ((p->caps & cap) == 0) return false;
+    if (cap == HMC_NET_CAP_MEM_ALLOC) return p->struct_size >= offsetof(hmc_net_provider_t, mem_free) + sizeof(p->mem_free);
+    if (cap == HMC_NET_CAP_GET) return p->struct_size >= offsetof(hmc_net_provider_t, get) + sizeof(p->get);
+    return true;
   }
 
   // Polls a request until done, failed or the deadline; the host's wake cuts waits short.

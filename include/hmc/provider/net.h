@@ -12,6 +12,7 @@
  *     receive completes with the length of the message it got;
  *   - puts: one-sided writes into memory the peer registered (reg_mem) and
  *     described by a packed remote key. The target never posts anything.
+ *   - gets (optional, HMC_NET_CAP_GET): one-sided reads of such memory.
  * Ordering contract: a message sent after a put on the same connection is
  * delivered after the put's data is visible in the target's memory. The host
  * builds tag matching, rendezvous and put notifications on this.
@@ -44,6 +45,7 @@ extern "C" {
 #define HMC_NET_CAP_MEM_PEER (1ull << 6)     /* touches device memory through peer memory */
 #define HMC_NET_CAP_SINGLE_COPY (1ull << 7)  /* put copies once (no staging in between) */
 #define HMC_NET_CAP_MEM_ALLOC (1ull << 8)    /* mem_alloc/mem_free (appended to the table) */
+#define HMC_NET_CAP_GET (1ull << 9)          /* get (appended to the table) */
 
 #define HMC_NET_ADDR_MAX 128
 #define HMC_NET_HELLO_MAX 256
@@ -71,6 +73,13 @@ typedef struct hmc_net_props {
    * HMC_NET_CAP_REMOTE: its transports reach no other host. A provider that
    * withdraws HMC_NET_CAP_MSG is unavailable. */
   uint64_t caps_absent;
+  /* Appended to ABI v1. Protocol advice per pair class for providers with
+   * HMC_NET_CAP_GET: non-zero when a rendezvous goes faster with the receiver
+   * getting the data from the sender's registered buffer (one message each way)
+   * than with the sender putting it after the receiver's CTS (three messages),
+   * for peers on this host / on other hosts. 0: the host puts (HMC_RNDV). */
+  uint32_t rndv_get_same_host;
+  uint32_t rndv_get_remote;
 } hmc_net_props_t;
 
 /* The size of hmc_net_props_t before anything was appended to it. */
@@ -145,6 +154,19 @@ typedef struct hmc_net_provider {
    * it does. */
   int (*mem_alloc)(void* state, size_t bytes, void** ptr, void** mr);
   int (*mem_free)(void* state, void* ptr, void* mr);
+
+  /* Appended to ABI v1 (read only from a table whose struct_size holds it, and
+   * only with HMC_NET_CAP_GET set).
+   *
+   * Read `len` bytes at offset `offset` of the peer region `rkey` names into
+   * `dst` (host memory of this process; `local_mr` as for put). The request
+   * completes once the bytes are in `dst`; the peer posts nothing. Fails with
+   * HMC_PROV_ERR_OUT_OF_BOUNDS past the region (no byte read), and with
+   * HMC_PROV_ERR_INVALID, at once or on the first get with a key, where this
+   * provider cannot read that region directly: the host then asks the peer to
+   * put instead. Bytes the peer changes while the get runs arrive either way. */
+  int (*get)(void* state, void* conn, void* dst, size_t len, void* local_mr, const void* rkey,
+             size_t rkey_len, uint64_t offset, void** req);
 } hmc_net_provider_t;
 
 typedef const hmc_net_provider_t* (*hmc_net_entry_v1_fn)(void);

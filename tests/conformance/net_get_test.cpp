@@ -1,0 +1,140 @@
+// Gets (HMC_NET_CAP_GET): the bytes at the offset and nothing else, refusals, and
+// the promise behind the provider's rendezvous advice.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+
+#include "net_kit.h"
+#include "net_region.h"
+
+using namespace hmc_conformance;
+
+namespace {
+
+// A destination of `len` bytes and a poisoned guard on either side.
+struct Dest {
+  static constexpr size_t kGuard = 64;
+  explicit Dest(size_t len) : bytes(len + 2 * kGuard, static_cast<char>(kPoison)), len(len) {}
+  char* data() { return bytes.data() + kGuard; }
+  bool untouched() const { return first_not(bytes.data(), bytes.size(), kPoison) == bytes.size(); }
+  // Holds `want` and the guards are intact.
+  void check(const char* want) {
+    CHECK(first_not(bytes.data(), kGuard, kPoison) == kGuard);
+    CHECK(first_diff(data(), want, len) == len);
+    CHECK(first_not(data() + len, kGuard, kPoison) == kGuard);
+  }
+  std::vector<char> bytes;
+  size_t len;
+};
+
+Outcome get_outcome(Session& s, void* conn, char* dst, size_t len, const std::vector<uint8_t>& rkey, uint64_t offset) {
+  void* req = nullptr;
+  int rc = s.p->get(s.state, conn, dst, len, nullptr, rkey.data(), rkey.size(), offset, &req);
+  if (rc < 0 || req == nullptr) {
+    Outcome o;
+    o.rc = rc < 0 ? rc : HMC_PROV_ERR_INTERNAL;
+    o.message = rc < 0 ? "(refused by get itself)" : "get returned no request";
+    return o;
+  }
+  return s.wait(req);
+}
+
+// The provider advises gets for peers on this host: it must then read its own mem_alloc
+// memory (what the host's rendezvous gets from) rather than refuse it.
+bool advises_same_host_gets(Session& s) {
+  hmc_net_props_t props{};
+  props.struct_size = sizeof(props);
+  REQUIRE(s.p->props(s.state, &props) == HMC_PROV_OK);
+  return props.rndv_get_same_host != 0;
+}
+
+// `body` for every plugin with gets, on a second session of it and a connection between
+// the two (link.a is s's end).
+void for_each_get_pair(const std::function<void(Session&, Session&, Link&)>& body) {
+  for_each_plugin([&](Session& s) {
+    if (!s.has(HMC_NET_CAP_GET)) {
+      WARN(s.p->name << " has no HMC_NET_CAP_GET: get checks skipped");
+      return;
+    }
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    body(s, t, link);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("net: a get reads the bytes at the offset of the registered region", "[net][get]") {
+  for_each_get_pair([](Session& s, Session& t, Link& link) {
+    const bool must = advises_same_host_gets(s);
+    uint64_t salt = 400;
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
+      INFO(mem_name(mem) << (must ? " (the provider advises same-host gets)" : ""));
+      for (bool forward : {true, false}) {
+        Session& from = forward ? s : t;
+        Session& owner = forward ? t : s;
+        void* conn = forward ? link.a : link.b;
+        INFO((forward ? "connector reads the acceptor's region" : "acceptor reads the connector's region"));
+        for (auto [region_len, offset, len] : {std::tuple<size_t, uint64_t, size_t>{1 << 20, 4099, 100000},
+                                               {4096, 0, 4096},
+                                               {4096, 4095, 1},
+                                               {4096, 17, 0},
+                                               {16 << 20, 0, 16 << 20}}) {
+          INFO("get of " << len << " bytes at " << offset << " from " << region_len);
+          Region r(owner, region_len, mem, 64);
+          const auto data = random_bytes(region_len, ++salt);
+          std::memcpy(r.data(), data.data(), region_len);
+          Dest d(len);
+          Outcome o = get_outcome(from, conn, d.data(), len, r.rkey, offset);
+          INFO("rc " << o.rc << " " << o.message);
+          REQUIRE_FALSE(o.timed_out);
+          if (o.rc == HMC_PROV_ERR_INVALID && !(must && mem == Mem::provider)) {
+            CHECK(d.untouched());  // refused: the host puts instead
+            continue;
+          }
+          REQUIRE(o.rc == HMC_PROV_OK);
+          CHECK(o.done);
+          CHECK(o.bytes == len);
+          d.check(data.data() + offset);
+          CHECK(first_diff(r.data(), data.data(), region_len) == region_len);  // read, not written
+          CHECK(first_not(r.data() + region_len, 64, kPoison) == 64);
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("net: gets past the end or with a stale or forged key are refused", "[net][get]") {
+  for_each_get_pair([](Session& s, Session& t, Link& link) {
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
+      INFO(mem_name(mem));
+      Region r(t, 1 << 20, mem, 4096);
+      const uint64_t len = r.size();
+      Dest d(1 << 16);
+      auto refused = [&](const std::vector<uint8_t>& rkey, uint64_t offset, size_t n) {
+        Outcome o = get_outcome(s, link.a, d.data(), n, rkey, offset);
+        INFO("get of " << n << " bytes at offset " << offset << ": rc " << o.rc << " " << o.message);
+        CHECK_FALSE(o.timed_out);
+        return o.rc;
+      };
+      CHECK(refused(r.rkey, len - 10, 100) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(refused(r.rkey, len + 1, 1) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      CHECK(refused(r.rkey, UINT64_MAX - 4, 16) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+
+      // The key of a deregistered region, never used on this connection before.
+      Region gone(t, 1 << 16, mem);
+      const auto stale = gone.rkey;
+      gone.dereg();
+      int rc = refused(stale, 0, 64);
+      CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
+
+      std::vector<uint8_t> forged(r.rkey.size());
+      fill_random(reinterpret_cast<char*>(forged.data()), forged.size(), 401);
+      rc = refused(forged, 0, 64);
+      CHECK((rc == HMC_PROV_ERR_OUT_OF_BOUNDS || rc == HMC_PROV_ERR_INVALID));
+      CHECK(d.untouched());
+      CHECK(untouched(r));
+    }
+  });
+}
