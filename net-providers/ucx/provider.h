@@ -89,12 +89,12 @@ struct Recv;
 // (or at once when UCP completed it inline). `conn` is cleared when the
 // connection goes away first.
 struct Op {
-  enum Type { kSend, kControl, kRecvData, kPut, kFlush, kPutSend, kPutRecv } type;
+  enum Type { kSend, kControl, kRecvData, kPut, kFlush, kGet, kPutSend, kPutRecv } type;
   explicit Op(Type t) : type(t) {}
   class Provider* provider = nullptr;
   Conn* conn = nullptr;
   const char* src = nullptr;  // kSend: the caller's buffer (while held)
-  Request* req = nullptr;  // kSend: the host's request
+  Request* req = nullptr;  // kSend, kFlush, kGet: the host's request
   Recv* recv = nullptr;    // kRecvData
   uint64_t put = 0;        // kFlush, kPutSend, kPutRecv: the put it belongs to
   uint64_t region = 0;     // kPutRecv: the region it lands in
@@ -139,6 +139,7 @@ struct Incoming {
   }
 };
 
+// A put, or with `dst` a get (which shares the put's checks and bookkeeping).
 struct PendingPut {
   uint64_t id;
   Request* req;
@@ -146,6 +147,7 @@ struct PendingPut {
   size_t len;
   uint64_t offset;
   std::string key;  // the packed key, as the host gave it
+  char* dst = nullptr;
 };
 
 struct VerifiedKey {
@@ -191,7 +193,7 @@ struct Conn {
   std::deque<std::unique_ptr<Recv>> recvs;
   size_t assigned = 0;                  // recvs[0, assigned) have a message
   std::deque<Op*> held;                 // sends waiting for earlier puts to finish
-  size_t puts = 0;                      // puts not yet complete: later sends wait
+  size_t puts = 0;                      // puts and gets not yet complete: later sends wait
   std::map<uint64_t, PendingPut> checking;  // puts waiting for the target's verdict
   std::map<uint64_t, AmPut> am_puts;         // active-message puts under way, by put id
   std::map<std::string, VerifiedKey, std::less<>> keys;  // keys the target accepted (found by view)
@@ -276,6 +278,8 @@ class Provider {
   int mem_free(void* ptr, void* mr);
   int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
           uint64_t offset, void** req);
+  int get(void* conn, void* dst, size_t len, const void* rkey, size_t rkey_len, uint64_t offset,
+          void** req);
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap) {
     return requests_.test(req, done, bytes, message, message_cap);
   }
@@ -343,7 +347,9 @@ class Provider {
   void on_check(Conn& c, const Wire& w, const std::string& key);
   void on_reply(Conn& c, const Wire& w, const std::string& why);
   void on_revoke(Conn& c, const Wire& w);
+  int one_sided(void* conn, PendingPut p, const void* rkey, size_t rkey_len, void** req);
   void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
+  void start_get(Conn& c, PendingPut p, const VerifiedKey& k);
   void start_am_put(Conn& c, PendingPut p, const VerifiedKey& k);
   bool am_put_for(const VerifiedKey& k) const;
   void on_put_data(Conn& c, Incoming& m);

@@ -1,4 +1,4 @@
-// Puts and their checks.
+// Puts, gets and their checks.
 //
 // The packed key is a KeyHead (region id, a random nonce, base address and
 // length) followed by UCP's packed rkey (memory.cpp makes it). Puts are checked on the target's
@@ -10,6 +10,9 @@
 // later puts with it are one round trip shorter, checked against the
 // verified length; dereg_mem sends kRevoke on every connection that holds it,
 // in sequence ahead of anything sent after, so a stale key is checked again.
+//
+// A get goes through the same check (the target vouches for the region it is read
+// from), then ucp_get_nbx (start_get).
 //
 // A put is ucp_put_nbx then ucp_ep_flush_nbx; the request completes when the
 // flush does, i.e. when the data is in the target's memory. Until then later
@@ -33,6 +36,22 @@ namespace hmc_ucx {
 int Provider::put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
                   uint64_t offset, void** req) {
   if (req == nullptr || (src == nullptr && len > 0)) return HMC_PROV_ERR_INVALID;
+  return one_sided(conn, PendingPut{0, nullptr, static_cast<const char*>(src), len, offset, {}}, rkey, rkey_len, req);
+}
+
+int Provider::get(void* conn, void* dst, size_t len, const void* rkey, size_t rkey_len, uint64_t offset,
+                  void** req) {
+  if (req == nullptr || (dst == nullptr && len > 0)) return HMC_PROV_ERR_INVALID;
+  PendingPut p{0, nullptr, nullptr, len, offset, {}};
+  p.dst = static_cast<char*>(dst);
+  return one_sided(conn, std::move(p), rkey, rkey_len, req);
+}
+
+// A put or a get: checked against the key, then started, or first sent to the target for
+// its verdict on a key this connection has not used yet.
+int Provider::one_sided(void* conn, PendingPut p, const void* rkey, size_t rkey_len, void** req) {
+  const size_t len = p.len;
+  const uint64_t offset = p.offset;
   KeyHead head;
   if (!parse_key(rkey, rkey_len, head)) return HMC_PROV_ERR_INVALID;
   // Early refusal from the key; the target decides for keys it has not verified.
@@ -43,10 +62,15 @@ int Provider::put(void* conn, const void* src, size_t len, const void* rkey, siz
   if (c->state == Conn::kFailed) return c->error;
   if (c->state != Conn::kOpen) return HMC_PROV_ERR_INVALID;
   const std::string_view key(static_cast<const char*>(rkey), rkey_len);
-  PendingPut p{next_put_++, requests_.create(), static_cast<const char*>(src), len, offset, {}};
+  const auto k = c->keys.find(key);
+  // A get needs memory UCP reads directly (start_get); for a key known not to be, the
+  // host hears at once and puts instead.
+  if (p.dst != nullptr && k != c->keys.end() && k->second.am) return HMC_PROV_ERR_INVALID;
+  p.id = next_put_++;
+  p.req = requests_.create();
   *req = p.req;
-  ++c->puts;
-  if (auto k = c->keys.find(key); k != c->keys.end()) {
+  ++c->puts;  // gets count too: later sends wait for them, and dead rkeys outlive them
+  if (k != c->keys.end()) {
     // Into mapped memory the put is a memcpy under mu_ (70 us at 4 MiB over shm here):
     // the host is busy in here, not gone. The thread leaves mu_ alone meanwhile, and the
     // end counts as a poll; else it took the host for one that stopped and waited on mu_
@@ -128,6 +152,10 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
     put_finished(c, p.req, 0, HMC_PROV_OK, {});
     return;
   }
+  if (p.dst != nullptr) {
+    start_get(c, std::move(p), k);
+    return;
+  }
   if (k.am) {
     start_am_put(c, std::move(p), k);
     return;
@@ -166,6 +194,36 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
   } else {
     put_finished(c, p.req, p.len, HMC_PROV_OK, {});
   }
+}
+
+// A get is ucp_get_nbx, done when the bytes are in the caller's buffer: no flush. Only
+// where puts go by ucp_put_nbx too (am_put_for false: shared memory the initiator maps, or
+// verbs); elsewhere UCX would emulate it through the target, so the host is told to put.
+void Provider::start_get(Conn& c, PendingPut p, const VerifiedKey& k) {
+  if (k.am) {
+    put_finished(c, p.req, 0, HMC_PROV_ERR_INVALID,
+                 "get refused: " + c.peer + "'s region is not readable directly here (HMC_UCX_PUT, docs/ucx.md)");
+    return;
+  }
+  auto* get = new Op(Op::kGet);
+  get->provider = this;
+  get->conn = &c;
+  get->req = p.req;
+  get->bytes = p.len;
+  const ucp_request_param_t param = send_param(get);
+  void* r = ucp_get_nbx(c.ep, p.dst, p.len, k.base + p.offset, k.rkey, &param);
+  if (UCS_PTR_IS_PTR(r)) {
+    c.ops.insert(get);
+    return;
+  }
+  delete get;
+  if (UCS_PTR_IS_ERR(r)) {
+    put_finished(c, p.req, 0, HMC_PROV_ERR_PEER_LOST,
+                 std::string("ucp_get_nbx: ") + ucs_status_string(UCS_PTR_STATUS(r)) + " (" + c.peer + ")");
+    broken(c, UCS_PTR_STATUS(r));
+    return;
+  }
+  put_finished(c, p.req, p.len, HMC_PROV_OK, {});
 }
 
 // auto: ucp_put_nbx only where nothing on the target writes on the initiator's behalf:

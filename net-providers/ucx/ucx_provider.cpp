@@ -1,7 +1,7 @@
 /*
  * ucx: HMC net provider over UCP (UCX 1.13 as Debian 12 ships it).
  *
- * Capabilities: MSG, PUT, REMOTE, SAME_HOST, MEM_HOST, MEM_ALLOC. Debian's UCX has no
+ * Capabilities: MSG, PUT, GET, REMOTE, SAME_HOST, MEM_HOST, MEM_ALLOC. Debian's UCX has no
  * CUDA or ROCm support, so only host memory: core stages device memory.
  * Transports: whatever UCX selects (UCX_TLS, or HMC_UCX_TLS which overrides
  * it): tcp, posix/sysv shared memory, cma, verbs (rc/ud/dc, untested here).
@@ -14,7 +14,8 @@
  *   - messages are active messages in sequence per connection (conn.cpp);
  *   - registration is ucp_mem_map; mem_alloc is ucp_mem_map(ALLOCATE), the
  *     memory UCX's shared-memory transports put into with a memcpy (memory.cpp);
- *   - puts are ucp_put_nbx + flush after a target-side key check (put.cpp).
+ *   - puts are ucp_put_nbx + flush after a target-side key check, gets ucp_get_nbx
+ *     after the same check, where UCP reads the peer's memory directly (put.cpp).
  * Limits: messages up to 1 GiB; packed UCP rkeys up to 216 bytes (the rest of
  * HMC_NET_RKEY_MAX is HMC's header). Props are cost-model inputs chosen by
  * transport class, not measurements of this machine.
@@ -74,7 +75,7 @@ constexpr hmc_net_provider_t kTable = {
     .abi_version = HMC_NET_ABI_VERSION,
     .name = "ucx",
     .caps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST |
-            HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_ALLOC,
+            HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_ALLOC | HMC_NET_CAP_GET,
     .params = kParams,
     .num_params = std::size(kParams),
     .init = init,
@@ -100,6 +101,7 @@ constexpr hmc_net_provider_t kTable = {
     .mem_free = [](void* s, void* ptr, void* mr) {
       return hmc_net::guarded<Provider>(s, [&](Provider& p) { return p.mem_free(ptr, mr); });
     },
+    .get = hmc_net::Thunks<Provider>::get,
 };
 
 }  // namespace
