@@ -53,6 +53,10 @@ Status CommImpl::setup(const UniqueId& id) {
   secret_ = id.secret;
   comm_id_ = derive_comm_id(id);
   eager_limit_ = ctx_.config().size("HMC_EAGER_LIMIT");
+  const std::string rndv = ctx_.config().str("HMC_RNDV");
+  if (rndv != "auto" && rndv != "put" && rndv != "get")
+    return {ErrorCode::kInvalidArgument, "malformed HMC_RNDV='" + rndv + "': expected 'auto', 'put' or 'get'"};
+  rndv_ = rndv == "put" ? Rndv::kPut : rndv == "get" ? Rndv::kGet : Rndv::kAuto;
   stage_chunk_ = std::max<std::size_t>(ctx_.config().size("HMC_STAGE_CHUNK"), 4096);
   auto colon = id.root.rfind(':');
   if (colon == std::string::npos) return {ErrorCode::kInvalidArgument, "unique id root '" + id.root + "' is not host:port"};
@@ -107,6 +111,8 @@ Status CommImpl::setup(const UniqueId& id) {
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
     p.ipc_ok = p.net && p.card.host_id == mine.host_id;
     p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
+    p.get_ok = get_for(p, p.card.host_id == mine.host_id);
+    p.path.rendezvous = !p.net ? "" : p.get_ok ? "get" : "put";
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);
@@ -253,11 +259,21 @@ void CommImpl::fail_all(const Status& why) {
 
 void CommImpl::fail_pending(Peer& p, const Status& why) {
   for (auto& r : p.posted) r.op->fail(why);
-  for (auto& [id, s] : p.rndv_sends) s.op->fail(why);
+  for (auto& [id, s] : p.rndv_sends) {
+    release_reg(p, s.reg);
+    s.op->fail(why);
+  }
   p.posted.clear();
   p.rndv_sends.clear();
   for (auto it = p.rndv_recvs.begin(); it != p.rndv_recvs.end();) {
     RecvOp& r = it->second;
+    if (r.getting) {
+      // A get still writes into the user's buffer: the receive fails when the provider ends
+      // it (close_conn fails it; on_got), not before.
+      if (r.error.ok()) r.error = why;
+      ++it;
+      continue;
+    }
     if (r.copies > 0) {
       // Staged parts are still being copied into the user's buffer: the receive ends when
       // they do (on_chunk's callback), not before, or a buffer the user took back as

@@ -4,7 +4,9 @@
 //   - up to the peer's eager limit (HMC_EAGER_LIMIT, or lower where the path provider
 //     advises it for the pair class) bytes travel inside one EAGER message;
 //   - larger ones: RTS -> receiver registers its buffer -> CTS(rkey) -> sender puts the
-//     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering).
+//     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering);
+//   - or, where the path provider can get and HMC_RNDV allows it (rndv_get.cpp): RTS with
+//     the sender's registered buffer's rkey -> receiver gets the data -> GET_DONE.
 // A receive matches the first message of the same peer and tag, in order.
 // All state is guarded by mu_; progress() takes it with try_lock so any waiting thread
 // can drive it. Lock order: CommImpl::mu_, then ProgressEngine's.
@@ -16,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -69,12 +72,18 @@ class CommImpl : public Progressable {
   std::shared_ptr<void> upper_state(const std::function<std::shared_ptr<void>()>& make);
 
  private:
+  // A buffer's registration with a peer's provider: a cached one, or one of its own.
+  struct Reg {
+    void* mr = nullptr;      // a registration of this operation alone
+    std::size_t cached = 0;  // 1 + index into reg_cache_, or 0
+  };
   struct SendOp {
     std::shared_ptr<Operation> op;
     const uint8_t* buf;
     std::size_t bytes;
     bool device = false;       // buf is device memory: stage or write through IPC
     uint8_t* staged = nullptr; // pinned host copy while a staged put is in flight
+    Reg reg{};                 // buf, registered for the receiver to get (kRtsGet)
   };
   struct RecvOp {
     std::shared_ptr<Operation> op;
@@ -82,8 +91,8 @@ class CommImpl : public Progressable {
     std::size_t bytes;
     uint64_t tag;
     uint64_t id;
-    void* mr = nullptr;      // a registration of this receive alone
-    std::size_t cached = 0;  // 1 + index into reg_cache_, or 0
+    Reg reg{};
+    bool getting = false;      // a get into buf is under way (kRtsGet)
     bool device = false;       // buf is device memory
     uint8_t* staged = nullptr; // host buffer the data lands in first (device receives)
     bool offered_ipc = false;  // the CTS offered buf as IPC memory
@@ -109,7 +118,7 @@ class CommImpl : public Progressable {
     uint64_t size;
     uint64_t sender_id;
     uint64_t aux;  // kRts flags
-    std::vector<uint8_t> data;
+    std::vector<uint8_t> data;  // kEager: the message; kRts with kRtsGet: the sender's rkey
   };
   // A provider request in flight and what to do when it ends.
   struct Inflight {
@@ -146,6 +155,7 @@ class CommImpl : public Progressable {
     std::vector<Inflight> inflight;
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
+    bool get_ok = false;  // rendezvous sends offer the receiver a get (HMC_RNDV, rndv_get.cpp)
   };
 
   CommImpl(ContextImpl& ctx, int rank, int size);
@@ -169,8 +179,24 @@ class CommImpl : public Progressable {
   bool ended(Peer& p, void* req, const std::function<void(const Status&)>& done);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
-  void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags);
-  Status register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey);
+  // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
+  void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags,
+                       const uint8_t* key = nullptr, std::size_t key_len = 0);
+  // Registers [ptr, ptr + size) with p's provider (cached for HMC allocations) and packs its key.
+  Status register_buffer(Peer& p, uint8_t* ptr, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey);
+  void release_reg(Peer& p, Reg& reg);
+  // Receiver-driven rendezvous (rndv_get.cpp). Whether p uses it for sends, from HMC_RNDV
+  // and the provider's advice for the pair class:
+  bool get_for(const Peer& p, bool same_host) const;
+  // Sender: registers s's buffer and packs its key for a kRtsGet; false: a plain kRts.
+  bool offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey);
+  // Receiver: starts the get of a kRtsGet into r's buffer (r moves to p.rndv_recvs); false
+  // when it cannot (r untouched): the caller answers with a CTS instead.
+  bool start_get(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t* key, std::size_t key_len);
+  void on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s);
+  void on_get_done(Peer& p, const WireHeader& h);
+  // Takes the send `id` out of p.rndv_sends (its buffer's registration released); nullopt if gone.
+  std::optional<SendOp> take_send(Peer& p, uint64_t id);
   std::optional<IpcOffer> ipc_offer(const Peer& p, const RecvOp& r, uint64_t rts_flags);
   void on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len);
   void on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len);
@@ -204,6 +230,7 @@ class CommImpl : public Progressable {
   uint64_t comm_id_ = 0;
   std::size_t eager_limit_ = 64 * 1024;
   std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
+  enum class Rndv { kAuto, kPut, kGet } rndv_ = Rndv::kAuto;  // HMC_RNDV
   // Staging buffers of receives that ended while chunk copies still read them: how many
   // copies each waits for before it is released.
   std::unordered_map<uint8_t*, int> draining_;

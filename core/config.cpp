@@ -111,6 +111,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'tree', 'pairwise', or per collective 'all_reduce=ring,all_gather=rd'"},
       {"HMC_HOST_REGISTER", ParamType::kSize, "1M", "host memory a device copies this much or more of at once (an HMC allocation, a peer's buffer imported for IPC) is registered (page-locked) with that device's provider for pinned copy speed; 0: never"},
+      {"HMC_RNDV", ParamType::kString, "auto", "how a rendezvous moves its data: 'put' (the receiver's CTS carries its buffer's key, the sender puts), 'get' (the sender's RTS carries its buffer's key, the receiver reads it, where the path provider can get), or 'auto': get where the provider advises it for the pair class (ucx over shared memory) and the send buffer is an HMC allocation, else put"},
       {"HMC_STAGE_CHUNK", ParamType::kSize, "4M", "device messages staged through host memory move in chunks of this size: one chunk's device copy overlaps the previous chunk's transfer"},
       {"HMC_IPC_ASYNC", ParamType::kBool, "1", "IPC writes from device memory run on a device stream and complete from progress (0: each copy blocks the progress pass)"},
       {"HMC_COLL_CHUNK", ParamType::kSize, "1M", "collectives cut messages into chunks of this size so transfer and reduction overlap"},

@@ -123,8 +123,10 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
     return op;
   }
   uint64_t id = next_id_++;
-  p.rndv_sends[id] = {op, data, bytes, device};
-  post_msg(p, MsgType::kRts, tag, id, bytes, device ? kRtsFromDevice : 0, nullptr, 0,
+  SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
+  std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
+  const uint64_t flags = device ? kRtsFromDevice : p.get_ok && offer_get(p, send, key) ? kRtsGet : 0;
+  post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
   return op;
 }
@@ -142,7 +144,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
     p.unexpected.erase(it);
     if (u.type == MsgType::kEager) deliver_eager(p, r, u.data.data(), u.size);
     else if (!p.lost.ok()) op->fail(p.lost);  // the RTS came, its data never will
-    else start_rndv_recv(p, std::move(r), u.sender_id, u.size, u.aux);
+    else start_rndv_recv(p, std::move(r), u.sender_id, u.size, u.aux, u.data.data(), u.data.size());
     return op;
   }
   if (!p.lost.ok()) return Operation::failed(p.lost);  // nothing buffered and nothing more will come
@@ -165,7 +167,8 @@ Status CommImpl::copy_in(void* dst, const void* src, std::size_t bytes, bool dev
   return {};
 }
 
-void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags) {
+void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags,
+                               const uint8_t* key, std::size_t key_len) {
   auto refuse = [&](Status why) {
     if (r.staged) dev_.release(r.staged);
     r.staged = nullptr;
@@ -174,6 +177,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     r.op->fail(std::move(why));
   };
   if (size != r.bytes) return refuse({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
+  if ((rts_flags & kRtsGet) && start_get(p, r, sender_id, key, key_len)) return;
   if (auto offer = ipc_offer(p, r, rts_flags)) {
     r.offered_ipc = true;
     std::vector<uint8_t> wire = encode_offer(*offer);
@@ -191,7 +195,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     r.staged = staged.value();
   }
   std::vector<uint8_t> rkey;
-  if (Status s = register_recv(p, r, size, rkey); !s.ok()) return refuse(std::move(s));
+  if (Status s = register_buffer(p, r.staged ? r.staged : r.buf, size, r.reg, rkey); !s.ok()) return refuse(std::move(s));
   std::size_t len = rkey.size();
   uint64_t id = r.id;
   auto op = r.op;
@@ -201,11 +205,10 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
 }
 
-// Receive buffers inside HMC allocations keep their registration between messages: a
-// provider may do real work per registration (shm maps shared memory on the peer). Any
-// free in the context flushes the idle entries, so a cached key never outlives its memory.
-Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector<uint8_t>& rkey) {
-  uint8_t* target = r.staged ? r.staged : r.buf;
+// Buffers inside HMC allocations keep their registration between messages: a provider
+// may do real work per registration (shm maps shared memory on the peer). Any free in the
+// context flushes the idle entries, so a cached key never outlives its memory.
+Status CommImpl::register_buffer(Peer& p, uint8_t* target, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey) {
   const bool cacheable = ctx_.owns(target, size);
   if (std::all_of(reg_cache_.begin(), reg_cache_.end(), [](const RegCacheEntry& e) { return e.stale && !e.in_use; }))
     reg_cache_.clear();
@@ -217,7 +220,7 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
     for (auto& e : reg_cache_) {
       if (e.net == p.net && e.ptr == target && e.len == size && !e.stale) {
         ++e.in_use;
-        r.cached = &e - reg_cache_.data() + 1;
+        reg.cached = &e - reg_cache_.data() + 1;
         rkey = e.rkey;
         return {};
       }
@@ -235,28 +238,32 @@ Status CommImpl::register_recv(Peer& p, RecvOp& r, std::size_t size, std::vector
   rkey.resize(len);
   if (cacheable && reg_cache_.size() < kRegCacheMax) {
     reg_cache_.push_back({p.net, target, size, mr, rkey, 1, false});
-    r.cached = reg_cache_.size();
+    reg.cached = reg_cache_.size();
   } else {
-    r.mr = mr;
+    reg.mr = mr;
   }
   return {};
 }
 
-void CommImpl::release_recv(Peer& p, RecvOp& r) {
-  if (r.mr) p.net->net->dereg_mem(p.net->state, r.mr);
-  r.mr = nullptr;
-  if (r.staged && r.copies > 0) draining_[r.staged] += r.copies;  // chunk copies still read it
-  else if (r.staged) dev_.release(r.staged);
-  r.staged = nullptr;
-  if (r.cached) {
-    RegCacheEntry& e = reg_cache_[r.cached - 1];
+void CommImpl::release_reg(Peer& p, Reg& reg) {
+  if (reg.mr) p.net->net->dereg_mem(p.net->state, reg.mr);
+  reg.mr = nullptr;
+  if (reg.cached) {
+    RegCacheEntry& e = reg_cache_[reg.cached - 1];
     --e.in_use;
-    r.cached = 0;
+    reg.cached = 0;
     if (e.stale && e.in_use == 0 && e.mr) {
       e.net->net->dereg_mem(e.net->state, e.mr);
       e.mr = nullptr;
     }
   }
+}
+
+void CommImpl::release_recv(Peer& p, RecvOp& r) {
+  release_reg(p, r.reg);
+  if (r.staged && r.copies > 0) draining_[r.staged] += r.copies;  // chunk copies still read it
+  else if (r.staged) dev_.release(r.staged);
+  r.staged = nullptr;
 }
 
 void CommImpl::flush_reg_cache(bool all) {
@@ -277,10 +284,9 @@ void CommImpl::flush_reg_cache(bool all) {
 }
 
 void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len) {
-  auto it = p.rndv_sends.find(h.id);
-  if (it == p.rndv_sends.end()) return;
-  SendOp s = it->second;
-  p.rndv_sends.erase(it);
+  std::optional<SendOp> taken = take_send(p, h.id);
+  if (!taken) return;
+  const SendOp& s = *taken;
   if (s.device || (h.tag & kCtsStaged)) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
   // Two parts: the put and the FIN behind it; the send is done when both are.
   auto parts = std::make_shared<int>(2);
@@ -431,13 +437,12 @@ std::optional<IpcOffer> CommImpl::ipc_offer(const Peer& p, const RecvOp& r, uint
 }
 
 void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len) {
-  auto it = p.rndv_sends.find(h.id);
-  if (it == p.rndv_sends.end()) return;
-  auto offer = decode_offer(payload, len);
-  SendOp op = it->second;
   // Out of the table before the write: a copy that ends at once runs `fin`, whose FIN may
-  // find the peer lost, and mark_lost clears the table under `it`.
-  p.rndv_sends.erase(it);
+  // find the peer lost, and mark_lost clears the table.
+  std::optional<SendOp> taken = take_send(p, h.id);
+  if (!taken) return;
+  auto offer = decode_offer(payload, len);
+  SendOp op = *taken;
   // Ends the send once the bytes are in the peer's memory (now, or when the stream copy ends).
   auto fin = [this, &p, op, receiver_id = h.aux](const Status& s) {
     if (!p.lost.ok()) return op.op->fail(p.lost);
@@ -502,11 +507,13 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
         RecvOp r = std::move(*it);
         p.posted.erase(it);
         if (eager) deliver_eager(p, r, payload, payload_len);
-        else start_rndv_recv(p, std::move(r), h.id, h.size, h.aux);
+        else start_rndv_recv(p, std::move(r), h.id, h.size, h.aux, payload, payload_len);
         return;
       }
+      // An RTS keeps only what kRtsGet carries (the sender's key).
+      const bool keep = eager || (h.aux & kRtsGet);
       p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id, h.aux,
-                              eager ? std::vector<uint8_t>(payload, payload + payload_len) : std::vector<uint8_t>{}});
+                              keep ? std::vector<uint8_t>(payload, payload + payload_len) : std::vector<uint8_t>{}});
       return;
     }
     case MsgType::kCts: return on_cts(p, h, payload, payload_len);
@@ -515,13 +522,12 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kFin: return finish_rndv_recv(p, h.id, h.size);
     case MsgType::kChunk: return on_chunk(p, h.id, h.size, h.aux);
     case MsgType::kNak: {
-      auto it = p.rndv_sends.find(h.id);
-      if (it == p.rndv_sends.end()) return;
-      it->second.op->fail({static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " refused the message: " +
-                                                              std::string(payload, payload + payload_len)});
-      p.rndv_sends.erase(it);
+      if (auto s = take_send(p, h.id))
+        s->op->fail({static_cast<ErrorCode>(h.aux),
+                     "rank " + std::to_string(p.rank) + " refused the message: " + std::string(payload, payload + payload_len)});
       return;
     }
+    case MsgType::kGetDone: return on_get_done(p, h);
     case MsgType::kNotify: p.notifications.push_back(h.aux); return;
   }
   HMC_LOG("core", warn, "unknown control message type {} from {}", h.type, describe(p));

@@ -22,9 +22,13 @@ enum class MsgType : uint32_t {
                // payload = reason text
   kChunk,      // part of a staged rendezvous landed (sent after its put): id = receiver's op,
                // size = offset, aux = length; the receiver may move it on before kFin
+  kGetDone,    // the receiver of a kRtsGet read the data itself: id = sender's op, size
 };
 // kRts aux bit: the sender's buffer is device memory (the receiver may offer IPC memory).
 inline constexpr uint64_t kRtsFromDevice = 1;
+// kRts aux bit: the sender registered its (host) buffer and the payload is its packed key:
+// the receiver may get the data and answer kGetDone, or answer kCts as to any kRts.
+inline constexpr uint64_t kRtsGet = 2;
 // kCts tag bit: the receiver stages the bytes on their way to device memory, so the sender
 // puts them in chunks, each followed by kChunk, for the receiver's copies to overlap.
 inline constexpr uint64_t kCtsStaged = 1;

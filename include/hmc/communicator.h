@@ -42,6 +42,10 @@ struct PathInfo {
   // receiver's buffer registered, the data put into it). HMC_EAGER_LIMIT, or the provider's
   // advice for this pair class where it is lower and HMC_EAGER_LIMIT is not set.
   std::size_t eager_limit = 0;
+  // How a rendezvous moves its data: "put" (the receiver's CTS carries its buffer's key,
+  // the sender puts), or "get" (the sender's RTS carries its buffer's key and the receiver
+  // reads it; HMC_RNDV). A receive into device memory still asks for a put.
+  std::string rendezvous;
 };
 
 struct PeerInfo {

@@ -221,7 +221,8 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
         const auto& from = devices.value()[a], to = devices.value()[b];
         const bool host = from.starts_with("cpu") && to.starts_with("cpu");
         mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
-                        host ? "" : c.path(b).device_path, bw.value(), lat.value(), poll_ns.value(), c.path(b).eager_limit});
+                        host ? "" : c.path(b).device_path, bw.value(), lat.value(), poll_ns.value(), c.path(b).eager_limit,
+                        c.path(b).rendezvous});
       }
     }
   }
@@ -230,12 +231,13 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   for (const auto& f : mine)
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                     {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
-                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"poll", f.poll_ns}, {"eager", f.eager_limit}});
+                    {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"poll", f.poll_ns}, {"eager", f.eager_limit},
+                    {"rndv", f.rendezvous}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
       all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"],
-                     r["poll"], r["eager"]});
+                     r["poll"], r["eager"], r["rndv"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

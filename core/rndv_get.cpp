@@ -1,0 +1,89 @@
+// Receiver-driven rendezvous: the receiver gets the data from the sender's buffer.
+//
+// The put rendezvous (p2p.cpp) costs three control messages per transfer (RTS, CTS, FIN)
+// and leaves the copy to the sender. Where the path provider can read a peer's registered
+// memory directly (HMC_NET_CAP_GET with its advice for the pair class: ucx over shared
+// memory), the sender registers its buffer and sends its key with the RTS (kRtsGet); the
+// receiver that matches it reads the data into its own buffer and answers kGetDone, which
+// ends the send: two messages, and the copy runs on the rank that consumes the data.
+//
+// A receiver that cannot get (device memory, HMC_RNDV=put on its side, a provider that
+// refuses the key) answers with a CTS as to any RTS, and the sender puts. A get that fails
+// for any reason but a lost peer falls back the same way; one that fails with the peer
+// lost fails the receive. Until the get ends, the receive stays in p.rndv_recvs and its
+// buffer is written: a lost peer fails it only once its get has ended (fail_pending).
+#include "core/comm_impl.h"
+#include "core/log.h"
+
+namespace hmc::core {
+
+bool CommImpl::get_for(const Peer& p, bool same_host) const {
+  if (!p.net || !(p.net->net_caps & HMC_NET_CAP_GET) || rndv_ == Rndv::kPut) return false;
+  if (rndv_ == Rndv::kGet) return true;
+  const hmc_net_props_t& props = p.net->net_props;
+  return (same_host ? props.rndv_get_same_host : props.rndv_get_remote) != 0;
+}
+
+bool CommImpl::offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey) {
+  // auto: only buffers whose registration the cache keeps (HMC allocations); registering
+  // the application's own memory for every send would cost more than the get saves.
+  if (rndv_ == Rndv::kAuto && !ctx_.owns(s.buf, s.bytes)) return false;
+  // The provider only reads through this registration; reg_mem takes a non-const pointer.
+  Status st = register_buffer(p, const_cast<uint8_t*>(s.buf), s.bytes, s.reg, rkey);
+  if (st.ok()) return true;
+  HMC_LOG("core", debug, "send to {} goes by put: {}", describe(p), st.message());
+  rkey.clear();
+  return false;
+}
+
+bool CommImpl::start_get(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t* key, std::size_t key_len) {
+  if (r.device || rndv_ == Rndv::kPut || !(p.net->net_caps & HMC_NET_CAP_GET) || key_len == 0) return false;
+  void* req = nullptr;
+  int rc = p.net->net->get(p.net->state, p.conn, r.buf, r.bytes, nullptr, key, key_len, 0, &req);
+  if (rc != 0 || !req) return false;  // the CTS that follows finds out about a lost peer
+  const uint64_t id = r.id;
+  r.getting = true;
+  p.rndv_recvs[id] = std::move(r);
+  p.inflight.push_back({req, [this, &p, id, sender_id](const Status& s) { on_got(p, id, sender_id, s); }});
+  return true;
+}
+
+void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s) {
+  auto it = p.rndv_recvs.find(id);
+  if (it == p.rndv_recvs.end()) return;
+  RecvOp& r = it->second;
+  r.getting = false;
+  if (s.ok() && r.error.ok()) {
+    post_msg(p, MsgType::kGetDone, 0, sender_id, r.bytes, 0, nullptr, 0, nullptr);
+    r.op->complete(r.bytes);
+    p.rndv_recvs.erase(it);
+    return;
+  }
+  const bool lost = !r.error.ok() || s.code() == ErrorCode::kPeerLost || s.code() == ErrorCode::kAborted;
+  if (lost) {
+    r.op->fail(r.error.ok() ? s : r.error);
+    p.rndv_recvs.erase(it);
+    return;
+  }
+  // The provider could not read the sender's buffer: ask for a put, as to a plain RTS.
+  HMC_LOG("core", debug, "get from {} failed ({}); asking for a put", describe(p), s.message());
+  RecvOp again = std::move(r);
+  p.rndv_recvs.erase(it);
+  const uint64_t size = again.bytes;
+  start_rndv_recv(p, std::move(again), sender_id, size, 0);
+}
+
+void CommImpl::on_get_done(Peer& p, const WireHeader& h) {
+  if (auto s = take_send(p, h.id)) s->op->complete(s->bytes);
+}
+
+std::optional<CommImpl::SendOp> CommImpl::take_send(Peer& p, uint64_t id) {
+  auto it = p.rndv_sends.find(id);
+  if (it == p.rndv_sends.end()) return std::nullopt;
+  SendOp s = std::move(it->second);
+  p.rndv_sends.erase(it);
+  release_reg(p, s.reg);
+  return s;
+}
+
+}  // namespace hmc::core

@@ -1,0 +1,153 @@
+// The receiver-driven rendezvous over ucx (core/rndv_get.cpp): where UCX maps the peer's
+// shared memory, the receiver gets a large message from the sender's buffer; where the
+// provider refuses the get, the receiver asks for a put instead and the data still arrives.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+
+namespace {
+
+bool ucx_missing() {
+  auto ctx = Context::create();
+  if (ctx)
+    for (const auto& p : ctx->providers())
+      if (p.name == "ucx" && p.available) return false;
+  WARN("ucx provider unavailable here: skipped");
+  return true;
+}
+
+std::map<std::string, std::string> over_ucx(const std::string& tls) {
+  return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
+}
+
+// Rank 0 sends `bytes` of random data to rank 1 and rank 1 sends them back, from and into
+// `src` / `dst` (each `bytes` long); both check what they got.
+int round_trip(RankEnv& e, uint8_t* src, uint8_t* dst, std::size_t bytes, uint64_t seed) {
+  const auto payload = test::random_bytes(bytes, seed);
+  std::memset(dst, 0xA5, bytes);
+  const int peer = 1 - e.rank;
+  if (e.rank == 0) {
+    std::memcpy(src, payload.data(), bytes);
+    HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 21));
+    HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 22));
+  } else {
+    HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 21));
+    HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "rank 1 received wrong data");
+    std::memcpy(src, dst, bytes);
+    HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 22));
+  }
+  HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "wrong data after the round trip of " + std::to_string(bytes));
+  return 0;
+}
+
+}  // namespace
+
+// A put rendezvous needs the sender inside HMC to answer the CTS; a get does not: rank 1's
+// receive completes while rank 0, having posted its send, stays out of HMC until rank 1
+// says so through memory the two processes share. With the put rendezvous
+// (HMC_RNDV=put) the same case would time out, so it shows that the get ran.
+TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the sender's help", "[ucx][rndv]") {
+  if (ucx_missing()) return;
+  auto* flag = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(flag != MAP_FAILED);
+  flag->store(0);
+  auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    HMC_EXPECT(e.comm.path(peer).rendezvous == "get", "rendezvous is '" + e.comm.path(peer).rendezvous + "'");
+    const std::size_t sizes[] = {64 << 10, (1 << 20) + 3, 16 << 20};
+    int round = 0;
+    for (std::size_t bytes : sizes) {
+      ++round;
+      auto mem = e.ctx.alloc({"cpu", 0}, bytes);  // with ucx the only net provider: its mem_alloc
+      HMC_EXPECT_OK(mem.status());
+      auto* buf = static_cast<uint8_t*>(mem->data());
+      const auto payload = test::random_bytes(bytes, 70 + round);
+      if (e.rank == 0) {
+        std::memcpy(buf, payload.data(), bytes);
+        Request s = e.comm.isend(buf, bytes, peer, 30);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (flag->load() < round && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        HMC_EXPECT(flag->load() >= round, "rank 1 did not receive " + std::to_string(bytes) + " bytes while rank 0 was away");
+        HMC_EXPECT_OK(s.wait());
+      } else {
+        std::memset(buf, 0xA5, bytes);
+        HMC_EXPECT_OK(e.comm.irecv(buf, bytes, peer, 30).wait(std::chrono::seconds(10)));
+        HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte get");
+        flag->store(round);
+      }
+    }
+    return 0;
+  });
+  munmap(flag, sizeof(std::atomic<int>));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+// HMC_RNDV=get offers every rendezvous for a get. Heap memory over shared memory, and any
+// memory with HMC_UCX_PUT=am, is not readable directly: the provider refuses the first get
+// after the key's check and later ones at once, and each time the receiver asks for a put.
+TEST_CASE("ucx: a get the provider refuses falls back to a put", "[ucx][rndv]") {
+  if (ucx_missing()) return;
+  for (const bool heap : {true, false}) {
+    DYNAMIC_SECTION((heap ? "heap buffers" : "buffers from Context::alloc, HMC_UCX_PUT=am")) {
+      auto settings = over_ucx("shm");
+      settings["HMC_RNDV"] = "get";
+      if (!heap) settings["HMC_UCX_PUT"] = "am";
+      auto exits = test::run_ranks(2, settings, [heap](RankEnv& e) {
+        HMC_EXPECT(e.comm.path(1 - e.rank).rendezvous == "get", "HMC_RNDV=get not taken");
+        for (std::size_t bytes : {std::size_t{64} << 10, (std::size_t{1} << 20) + 3}) {
+          std::vector<uint8_t> src_heap, dst_heap;
+          Memory src_mem, dst_mem;
+          uint8_t *src, *dst;
+          if (heap) {
+            src_heap.resize(bytes);
+            dst_heap.resize(bytes);
+            src = src_heap.data();
+            dst = dst_heap.data();
+          } else {
+            auto a = e.ctx.alloc({"cpu", 0}, bytes);
+            auto b = e.ctx.alloc({"cpu", 0}, bytes);
+            HMC_EXPECT_OK(a.status());
+            HMC_EXPECT_OK(b.status());
+            src_mem = std::move(a.value());
+            dst_mem = std::move(b.value());
+            src = static_cast<uint8_t*>(src_mem.data());
+            dst = static_cast<uint8_t*>(dst_mem.data());
+          }
+          for (int i = 0; i < 3; ++i)  // the first refusal comes after the key's check, later ones at once
+            if (int rc = round_trip(e, src, dst, bytes, bytes + i)) return rc;
+        }
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+TEST_CASE("ucx: a malformed HMC_RNDV fails the communicator with the reason", "[ucx][rndv]") {
+  if (ucx_missing()) return;
+  auto exits = test::run_processes(1, [](int) {
+    auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_RNDV", "sideways"}}});
+    HMC_EXPECT_OK(ctx.status());
+    auto id = ctx->create_unique_id();
+    HMC_EXPECT_OK(id.status());
+    auto comm = Communicator::create(ctx.value(), id.value(), 0, 1);
+    HMC_EXPECT(!comm.ok() && comm.status().code() == ErrorCode::kInvalidArgument, comm.status().to_string());
+    HMC_EXPECT(comm.status().message().find("HMC_RNDV='sideways'") != std::string::npos, comm.status().to_string());
+    return 0;
+  }, std::chrono::seconds(30));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
