@@ -111,8 +111,8 @@ Status CommImpl::setup(const UniqueId& id) {
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
     p.ipc_ok = p.net && p.card.host_id == mine.host_id;
     p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
-    p.get_ok = get_for(p, p.card.host_id == mine.host_id);
-    p.path.rendezvous = !p.net ? "" : p.get_ok ? "get" : "put";
+    p.get_limit = get_limit_for(p, p.card.host_id == mine.host_id);
+    p.path.get_limit = p.get_limit;
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);

@@ -155,7 +155,7 @@ class CommImpl : public Progressable {
     std::vector<Inflight> inflight;
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
-    bool get_ok = false;  // rendezvous sends offer the receiver a get (HMC_RNDV, rndv_get.cpp)
+    std::size_t get_limit = 0;  // rendezvous sends up to this size offer a get (HMC_RNDV, rndv_get.cpp)
   };
 
   CommImpl(ContextImpl& ctx, int rank, int size);
@@ -185,9 +185,9 @@ class CommImpl : public Progressable {
   // Registers [ptr, ptr + size) with p's provider (cached for HMC allocations) and packs its key.
   Status register_buffer(Peer& p, uint8_t* ptr, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey);
   void release_reg(Peer& p, Reg& reg);
-  // Receiver-driven rendezvous (rndv_get.cpp). Whether p uses it for sends, from HMC_RNDV
-  // and the provider's advice for the pair class:
-  bool get_for(const Peer& p, bool same_host) const;
+  // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
+  // HMC_RNDV and the provider's advice for the pair class (0: never):
+  std::size_t get_limit_for(const Peer& p, bool same_host) const;
   // Sender: registers s's buffer and packs its key for a kRtsGet; false: a plain kRts.
   bool offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey);
   // Receiver: starts the get of a kRtsGet into r's buffer (r moves to p.rndv_recvs); false

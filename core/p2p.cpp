@@ -125,7 +125,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
   std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
-  const uint64_t flags = device ? kRtsFromDevice : p.get_ok && offer_get(p, send, key) ? kRtsGet : 0;
+  const uint64_t flags = device ? kRtsFromDevice : bytes <= p.get_limit && offer_get(p, send, key) ? kRtsGet : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
   return op;

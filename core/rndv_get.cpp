@@ -2,8 +2,9 @@
 //
 // The put rendezvous (p2p.cpp) costs three control messages per transfer (RTS, CTS, FIN)
 // and leaves the copy to the sender. Where the path provider can read a peer's registered
-// memory directly (HMC_NET_CAP_GET with its advice for the pair class: ucx over shared
-// memory), the sender registers its buffer and sends its key with the RTS (kRtsGet); the
+// memory directly and advises it for the pair class up to some size (HMC_NET_CAP_GET,
+// hmc_net_props_t::rndv_get_max_*: ucx over shared memory, 512 KiB), a send of at most that
+// size registers its buffer and sends its key with the RTS (kRtsGet); the
 // receiver that matches it reads the data into its own buffer and answers kGetDone, which
 // ends the send: two messages, and the copy runs on the rank that consumes the data.
 //
@@ -17,11 +18,11 @@
 
 namespace hmc::core {
 
-bool CommImpl::get_for(const Peer& p, bool same_host) const {
-  if (!p.net || !(p.net->net_caps & HMC_NET_CAP_GET) || rndv_ == Rndv::kPut) return false;
-  if (rndv_ == Rndv::kGet) return true;
+std::size_t CommImpl::get_limit_for(const Peer& p, bool same_host) const {
+  if (!p.net || !(p.net->net_caps & HMC_NET_CAP_GET) || rndv_ == Rndv::kPut) return 0;
+  if (rndv_ == Rndv::kGet) return SIZE_MAX;
   const hmc_net_props_t& props = p.net->net_props;
-  return (same_host ? props.rndv_get_same_host : props.rndv_get_remote) != 0;
+  return same_host ? props.rndv_get_max_same_host : props.rndv_get_max_remote;
 }
 
 bool CommImpl::offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey) {

@@ -42,10 +42,12 @@ struct PathInfo {
   // receiver's buffer registered, the data put into it). HMC_EAGER_LIMIT, or the provider's
   // advice for this pair class where it is lower and HMC_EAGER_LIMIT is not set.
   std::size_t eager_limit = 0;
-  // How a rendezvous moves its data: "put" (the receiver's CTS carries its buffer's key,
-  // the sender puts), or "get" (the sender's RTS carries its buffer's key and the receiver
-  // reads it; HMC_RNDV). A receive into device memory still asks for a put.
-  std::string rendezvous;
+  // Rendezvous messages up to this size go by get (the sender's RTS carries its buffer's
+  // key and the receiver reads it); larger ones, and all where this is 0, by put (the
+  // receiver's CTS carries its buffer's key, the sender puts). HMC_RNDV and the path
+  // provider's advice set it; SIZE_MAX: every size. A receive into device memory, or one
+  // whose provider refuses the get, still asks for a put.
+  std::size_t get_limit = 0;
 };
 
 struct PeerInfo {

@@ -61,6 +61,11 @@ inline constexpr unsigned kAmId = 0x4d;  // "M"
 inline constexpr size_t kMaxMessage = size_t{1} << 30;
 // Advice for peers reached through shared memory (hmc_net_props_t::eager_limit_same_host).
 inline constexpr size_t kShmEagerLimit = 32 * 1024;
+// Advice for the same peers (hmc_net_props_t::rndv_get_max_same_host): the receiver gets
+// rendezvous messages up to this size. On the 2-vCPU Xeon VM, gets against puts: 64-128 KiB
+// 10-30 % faster, 256-512 KiB level, 768 KiB-1 MiB 20-30 % slower, larger level or faster
+// (docs/performance.md).
+inline constexpr size_t kShmGetLimit = 512 * 1024;
 
 enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke, kPutData, kPutDone };
 

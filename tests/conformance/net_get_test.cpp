@@ -45,7 +45,7 @@ bool advises_same_host_gets(Session& s) {
   hmc_net_props_t props{};
   props.struct_size = sizeof(props);
   REQUIRE(s.p->props(s.state, &props) == HMC_PROV_OK);
-  return props.rndv_get_same_host != 0;
+  return props.rndv_get_max_same_host != 0;
 }
 
 // `body` for every plugin with gets, on a second session of it and a connection between

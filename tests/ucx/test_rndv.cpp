@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -53,8 +54,9 @@ int round_trip(RankEnv& e, uint8_t* src, uint8_t* dst, std::size_t bytes, uint64
 
 // A put rendezvous needs the sender inside HMC to answer the CTS; a get does not: rank 1's
 // receive completes while rank 0, having posted its send, stays out of HMC until rank 1
-// says so through memory the two processes share. With the put rendezvous
-// (HMC_RNDV=put) the same case would time out, so it shows that the get ran.
+// says so through memory the two processes share. Up to the pair's get limit the receive
+// completes so; one byte more goes by put, and the same receive times out until rank 0
+// comes back (as every size would with HMC_RNDV=put or the get disabled).
 TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the sender's help", "[ucx][rndv]") {
   if (ucx_missing()) return;
   auto* flag = static_cast<std::atomic<int>*>(
@@ -63,11 +65,13 @@ TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the se
   flag->store(0);
   auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
     const int peer = 1 - e.rank;
-    HMC_EXPECT(e.comm.path(peer).rendezvous == "get", "rendezvous is '" + e.comm.path(peer).rendezvous + "'");
-    const std::size_t sizes[] = {64 << 10, (1 << 20) + 3, 16 << 20};
+    const std::size_t limit = e.comm.path(peer).get_limit;
+    HMC_EXPECT(limit >= (64u << 10) && limit < SIZE_MAX, "get limit " + std::to_string(limit));
+    const std::size_t sizes[] = {64 << 10, limit / 2 + 3, limit, limit + 1};
     int round = 0;
     for (std::size_t bytes : sizes) {
       ++round;
+      const bool by_get = bytes <= limit;
       auto mem = e.ctx.alloc({"cpu", 0}, bytes);  // with ucx the only net provider: its mem_alloc
       HMC_EXPECT_OK(mem.status());
       auto* buf = static_cast<uint8_t*>(mem->data());
@@ -82,9 +86,17 @@ TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the se
         HMC_EXPECT_OK(s.wait());
       } else {
         std::memset(buf, 0xA5, bytes);
-        HMC_EXPECT_OK(e.comm.irecv(buf, bytes, peer, 30).wait(std::chrono::seconds(10)));
-        HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte get");
+        Request r = e.comm.irecv(buf, bytes, peer, 30);
+        if (by_get) {
+          HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+        } else {
+          Status alone = r.wait(std::chrono::seconds(1));
+          HMC_EXPECT(alone.code() == ErrorCode::kTimeout, "a put rendezvous of " + std::to_string(bytes) +
+                                                              " bytes ended without the sender: " + alone.to_string());
+        }
         flag->store(round);
+        if (!by_get) HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+        HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte receive");
       }
     }
     return 0;
@@ -105,7 +117,7 @@ TEST_CASE("ucx: a get the provider refuses falls back to a put", "[ucx][rndv]") 
       settings["HMC_RNDV"] = "get";
       if (!heap) settings["HMC_UCX_PUT"] = "am";
       auto exits = test::run_ranks(2, settings, [heap](RankEnv& e) {
-        HMC_EXPECT(e.comm.path(1 - e.rank).rendezvous == "get", "HMC_RNDV=get not taken");
+        HMC_EXPECT(e.comm.path(1 - e.rank).get_limit == SIZE_MAX, "HMC_RNDV=get not taken");
         for (std::size_t bytes : {std::size_t{64} << 10, (std::size_t{1} << 20) + 3}) {
           std::vector<uint8_t> src_heap, dst_heap;
           Memory src_mem, dst_mem;

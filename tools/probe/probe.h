@@ -20,7 +20,7 @@ struct PairFigures {
   double latency_us = 0;      // half round trip of 8 bytes
   double poll_ns = 0;         // one Request::test on `from` that finds nothing done
   std::size_t eager_limit = 0;  // larger messages go by rendezvous (PathInfo::eager_limit)
-  std::string rendezvous;       // "put" or "get" (PathInfo::rendezvous)
+  std::size_t get_limit = 0;    // rendezvous up to this size by get (PathInfo::get_limit)
 };
 
 struct MeasureOptions {

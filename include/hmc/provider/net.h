@@ -74,12 +74,13 @@ typedef struct hmc_net_props {
    * withdraws HMC_NET_CAP_MSG is unavailable. */
   uint64_t caps_absent;
   /* Appended to ABI v1. Protocol advice per pair class for providers with
-   * HMC_NET_CAP_GET: non-zero when a rendezvous goes faster with the receiver
-   * getting the data from the sender's registered buffer (one message each way)
-   * than with the sender putting it after the receiver's CTS (three messages),
-   * for peers on this host / on other hosts. 0: the host puts (HMC_RNDV). */
-  uint32_t rndv_get_same_host;
-  uint32_t rndv_get_remote;
+   * HMC_NET_CAP_GET: rendezvous messages up to this size go faster with the
+   * receiver getting the data from the sender's registered buffer (one message
+   * each way) than with the sender putting it after the receiver's CTS (three
+   * messages), for peers on this host / on other hosts. 0: the host puts
+   * (HMC_RNDV); SIZE_MAX: gets at every size. */
+  size_t rndv_get_max_same_host;
+  size_t rndv_get_max_remote;
 } hmc_net_props_t;
 
 /* The size of hmc_net_props_t before anything was appended to it. */
