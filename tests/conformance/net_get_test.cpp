@@ -48,19 +48,8 @@ bool advises_same_host_gets(Session& s) {
   return props.rndv_get_max_same_host != 0;
 }
 
-// `body` for every plugin with gets, on a second session of it and a connection between
-// the two (link.a is s's end).
 void for_each_get_pair(const std::function<void(Session&, Session&, Link&)>& body) {
-  for_each_plugin([&](Session& s) {
-    if (!s.has(HMC_NET_CAP_GET)) {
-      WARN(s.p->name << " has no HMC_NET_CAP_GET: get checks skipped");
-      return;
-    }
-    Session t;
-    REQUIRE(t.open(s.path));
-    Link link = connect_pair(s, t);
-    body(s, t, link);
-  });
+  for_each_pair_with(HMC_NET_CAP_GET, "get", body);
 }
 
 }  // namespace

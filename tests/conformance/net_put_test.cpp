@@ -44,16 +44,8 @@ bool skip_without_put(Session& s) {
   return true;
 }
 
-// `body` for every plugin with puts, on a second session of it and a connection between
-// the two (link.a is s's end).
 void for_each_put_pair(const std::function<void(Session&, Session&, Link&)>& body) {
-  for_each_plugin([&](Session& s) {
-    if (skip_without_put(s)) return;
-    Session t;
-    REQUIRE(t.open(s.path));
-    Link link = connect_pair(s, t);
-    body(s, t, link);
-  });
+  for_each_pair_with(HMC_NET_CAP_PUT, "put", body);
 }
 
 }  // namespace

@@ -130,4 +130,20 @@ inline bool untouched(const Region& r) {
          (!r.decoy || first_not(r.decoy->data(), r.decoy->size(), 0) == r.decoy->size());
 }
 
+// `body` for every plugin with capability `cap` (`what`, for the warning where a plugin
+// lacks it), on a second session of it and a connection between the two (link.a is s's end).
+inline void for_each_pair_with(uint64_t cap, const char* what,
+                               const std::function<void(Session&, Session&, Link&)>& body) {
+  for_each_plugin([&](Session& s) {
+    if (!s.has(cap)) {
+      WARN(s.p->name << " lacks the capability " << what << ": " << what << " checks skipped");
+      return;
+    }
+    Session t;
+    REQUIRE(t.open(s.path));
+    Link link = connect_pair(s, t);
+    body(s, t, link);
+  });
+}
+
 }  // namespace hmc_conformance

@@ -18,9 +18,20 @@
 #include <string>
 #include <thread>
 
+#include "hmc/hmc.h"
 #include "hmc/provider/net.h"
 
 namespace ucx_test {
+
+// True, with a warning that the case is skipped, where the ucx provider did not load.
+inline bool ucx_missing() {
+  auto ctx = hmc::Context::create();
+  if (ctx)
+    for (const auto& p : ctx->providers())
+      if (p.name == "ucx" && p.available) return false;
+  WARN("ucx provider unavailable here: skipped");
+  return true;
+}
 
 using Clock = std::chrono::steady_clock;
 

@@ -10,21 +10,14 @@
 #include <cstring>
 #include <thread>
 
+#include "harness.h"
 #include "multiprocess.h"
 
 using namespace hmc;
 using hmc::test::RankEnv;
+using ucx_test::ucx_missing;
 
 namespace {
-
-bool ucx_missing() {
-  auto ctx = Context::create();
-  if (ctx)
-    for (const auto& p : ctx->providers())
-      if (p.name == "ucx" && p.available) return false;
-  WARN("ucx provider unavailable here: skipped");
-  return true;
-}
 
 std::map<std::string, std::string> over_ucx(const std::string& tls) {
   return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};

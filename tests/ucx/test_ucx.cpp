@@ -13,26 +13,18 @@
 #include <thread>
 
 #include "eager_check.h"
+#include "harness.h"
 #include "lifeline.h"
 #include "multiprocess.h"
 
 using namespace hmc;
 using hmc::test::RankEnv;
+using ucx_test::ucx_missing;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 const std::vector<std::string> kTransports = {"tcp", "shm"};
-
-// True, with a warning that the case is skipped, where the ucx provider did not load.
-bool ucx_missing() {
-  auto ctx = Context::create();
-  if (ctx)
-    for (const auto& p : ctx->providers())
-      if (p.name == "ucx" && p.available) return false;
-  WARN("ucx provider unavailable here: skipped");
-  return true;
-}
 
 // `bytes` at `base` registered, and the packed keys swapped with the other of two ranks.
 struct Swapped {
