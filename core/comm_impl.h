@@ -182,8 +182,10 @@ class CommImpl : public Progressable {
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
   void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags,
                        const uint8_t* key = nullptr, std::size_t key_len = 0);
-  // Registers [ptr, ptr + size) with p's provider (cached for HMC allocations) and packs its key.
-  Status register_buffer(Peer& p, uint8_t* ptr, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey);
+  // Registers [ptr, ptr + size) with p's provider (cached for HMC allocations) and packs its
+  // key. With `cached_only`, memory outside HMC allocations is refused (kUnsupported).
+  Status register_buffer(Peer& p, uint8_t* ptr, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey,
+                         bool cached_only = false);
   void release_reg(Peer& p, Reg& reg);
   // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
   // HMC_RNDV and the provider's advice for the pair class (0: never):

@@ -208,8 +208,10 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
 // Buffers inside HMC allocations keep their registration between messages: a provider
 // may do real work per registration (shm maps shared memory on the peer). Any free in the
 // context flushes the idle entries, so a cached key never outlives its memory.
-Status CommImpl::register_buffer(Peer& p, uint8_t* target, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey) {
+Status CommImpl::register_buffer(Peer& p, uint8_t* target, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey,
+                                 bool cached_only) {
   const bool cacheable = ctx_.owns(target, size);
+  if (cached_only && !cacheable) return {ErrorCode::kUnsupported, "not inside an HMC allocation"};
   if (std::all_of(reg_cache_.begin(), reg_cache_.end(), [](const RegCacheEntry& e) { return e.stale && !e.in_use; }))
     reg_cache_.clear();
   if (cacheable) {

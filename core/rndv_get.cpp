@@ -27,12 +27,11 @@ std::size_t CommImpl::get_limit_for(const Peer& p, bool same_host) const {
 
 bool CommImpl::offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey) {
   // auto: only buffers whose registration the cache keeps (HMC allocations); registering
-  // the application's own memory for every send would cost more than the get saves.
-  if (rndv_ == Rndv::kAuto && !ctx_.owns(s.buf, s.bytes)) return false;
-  // The provider only reads through this registration; reg_mem takes a non-const pointer.
-  Status st = register_buffer(p, const_cast<uint8_t*>(s.buf), s.bytes, s.reg, rkey);
+  // the application's own memory for every send would cost more than the get saves. The
+  // provider only reads through this registration; reg_mem takes a non-const pointer.
+  Status st = register_buffer(p, const_cast<uint8_t*>(s.buf), s.bytes, s.reg, rkey, rndv_ == Rndv::kAuto);
   if (st.ok()) return true;
-  HMC_LOG("core", debug, "send to {} goes by put: {}", describe(p), st.message());
+  if (st.code() != ErrorCode::kUnsupported) HMC_LOG("core", debug, "send to {} goes by put: {}", describe(p), st.message());
   rkey.clear();
   return false;
 }
