@@ -53,6 +53,7 @@ Status CommImpl::setup(const UniqueId& id) {
   secret_ = id.secret;
   comm_id_ = derive_comm_id(id);
   eager_limit_ = ctx_.config().size("HMC_EAGER_LIMIT");
+  eager_window_ = ctx_.config().size("HMC_EAGER_WINDOW");
   const std::string rndv = ctx_.config().str("HMC_RNDV");
   if (rndv != "auto" && rndv != "put" && rndv != "get")
     return {ErrorCode::kInvalidArgument, "malformed HMC_RNDV='" + rndv + "': expected 'auto', 'put' or 'get'"};
@@ -111,6 +112,8 @@ Status CommImpl::setup(const UniqueId& id) {
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
     p.ipc_ok = p.net && p.card.host_id == mine.host_id;
     p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
+    p.path.eager_window = eager_window_for(p);
+    p.eager_credit = p.path.eager_window;
     p.get_limit = get_limit_for(p, p.card.host_id == mine.host_id);
     p.path.get_limit = p.get_limit;
   }

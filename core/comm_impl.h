@@ -6,7 +6,9 @@
 //   - larger ones: RTS -> receiver registers its buffer -> CTS(rkey) -> sender puts the
 //     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering);
 //   - or, where the path provider can get and HMC_RNDV allows it (rndv_get.cpp): RTS with
-//     the sender's registered buffer's rkey -> receiver gets the data -> GET_DONE.
+//     the sender's registered buffer's rkey -> receiver gets the data -> GET_DONE;
+//   - eager messages are flow-controlled (eager_credit.cpp): past the pair's eager
+//     window of bytes its receiver has not consumed yet, small messages go by rendezvous.
 // A receive matches the first message of the same peer and tag, in order.
 // All state is guarded by mu_; progress() takes it with try_lock so any waiting thread
 // can drive it. Lock order: CommImpl::mu_, then ProgressEngine's.
@@ -156,6 +158,10 @@ class CommImpl : public Progressable {
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
     std::size_t get_limit = 0;  // rendezvous sends up to this size offer a get (HMC_RNDV, rndv_get.cpp)
+    // Eager flow control (eager_credit.cpp): what this side may still send eagerly, and
+    // what of the peer's eager messages was consumed here and not yet given back.
+    std::size_t eager_credit = 0;
+    std::size_t credit_owed = 0;
   };
 
   CommImpl(ContextImpl& ctx, int rank, int size);
@@ -187,6 +193,16 @@ class CommImpl : public Progressable {
   Status register_buffer(Peer& p, uint8_t* ptr, std::size_t size, Reg& reg, std::vector<uint8_t>& rkey,
                          bool cached_only = false);
   void release_reg(Peer& p, Reg& reg);
+  // Eager flow control (eager_credit.cpp). The pair's window (PathInfo::eager_window):
+  std::size_t eager_window_for(const Peer& p) const;
+  // Sender: whether a message of `bytes` may go eagerly now; spend_eager_credit charges it.
+  bool eager_fits(const Peer& p, std::size_t bytes) const;
+  void spend_eager_credit(Peer& p, std::size_t bytes);
+  // Receiver: an eager message of `bytes` from p reached a receive; give_back_credit sends
+  // p what is owed (at a quarter of the window, and whenever p sends an RTS).
+  void consumed_eager(Peer& p, std::size_t bytes);
+  void give_back_credit(Peer& p);
+  void on_credit(Peer& p, uint64_t bytes);  // sender: the peer gave back `bytes` (kCredit)
   // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
   // HMC_RNDV and the provider's advice for the pair class (0: never):
   std::size_t get_limit_for(const Peer& p, bool same_host) const;
@@ -231,6 +247,7 @@ class CommImpl : public Progressable {
   int size_;
   uint64_t comm_id_ = 0;
   std::size_t eager_limit_ = 64 * 1024;
+  std::size_t eager_window_ = 256 << 10;  // HMC_EAGER_WINDOW; 0: unbounded
   std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
   enum class Rndv { kAuto, kPut, kGet } rndv_ = Rndv::kAuto;  // HMC_RNDV
   // Staging buffers of receives that ended while chunk copies still read them: how many

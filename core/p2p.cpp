@@ -94,9 +94,10 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   auto op = Operation::make(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
+  const bool eager = !p.net || (bytes <= p.path.eager_limit && eager_fits(p, bytes));
   // Device bytes that travel inside a message are copied to the host first.
   std::vector<uint8_t> host;
-  if (device && (!p.net || bytes <= p.path.eager_limit)) {
+  if (device && eager) {
     host.resize(bytes);
     if (Status s = ctx_.copy(host.data(), buf, bytes); !s.ok()) return Operation::failed(s);
     data = host.data();
@@ -115,7 +116,8 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
     op->complete(bytes);
     return op;
   }
-  if (bytes <= p.path.eager_limit) {
+  if (eager) {
+    spend_eager_credit(p, bytes);
     post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, [op, bytes](const Status& s) {
       if (s.ok()) op->complete(bytes);
       else op->fail(s);
@@ -153,6 +155,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
 }
 
 void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size) {
+  if (p.net) consumed_eager(p, size);
   if (size != r.bytes) {
     r.op->fail({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
     return;
@@ -504,6 +507,9 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kEager:
     case MsgType::kRts: {
       bool eager = static_cast<MsgType>(h.type) == MsgType::kEager;
+      // An RTS may be a small message its sender could not send eagerly: what this side
+      // owes goes back now, not only at the next quarter of the window.
+      if (!eager && p.credit_owed > 0) give_back_credit(p);
       for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
         if (it->tag != h.tag) continue;
         RecvOp r = std::move(*it);
@@ -530,6 +536,7 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
       return;
     }
     case MsgType::kGetDone: return on_get_done(p, h);
+    case MsgType::kCredit: return on_credit(p, h.aux);
     case MsgType::kNotify: p.notifications.push_back(h.aux); return;
   }
   HMC_LOG("core", warn, "unknown control message type {} from {}", h.type, describe(p));

@@ -23,6 +23,7 @@ enum class MsgType : uint32_t {
   kChunk,      // part of a staged rendezvous landed (sent after its put): id = receiver's op,
                // size = offset, aux = length; the receiver may move it on before kFin
   kGetDone,    // the receiver of a kRtsGet read the data itself: id = sender's op, size
+  kCredit,     // eager flow control: aux = bytes of eager messages the receiver consumed
 };
 // kRts aux bit: the sender's buffer is device memory (the receiver may offer IPC memory).
 inline constexpr uint64_t kRtsFromDevice = 1;

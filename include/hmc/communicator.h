@@ -48,6 +48,13 @@ struct PathInfo {
   // provider's advice set it; SIZE_MAX: every size. A receive into device memory, or one
   // whose provider refuses the get, still asks for a put.
   std::size_t get_limit = 0;
+  // Eager flow control: how many bytes of eager messages (each counted with its 40-byte
+  // header) this side may have sent to the peer that the peer's application has not yet
+  // received. Past it, messages up to eager_limit go by rendezvous too, until the peer's
+  // receives catch up; so a receiver that falls behind buffers at most this much from
+  // each sender. HMC_EAGER_WINDOW, at least four messages of eager_limit; SIZE_MAX: no
+  // bound (HMC_EAGER_WINDOW=0).
+  std::size_t eager_window = 0;
 };
 
 struct PeerInfo {
@@ -82,7 +89,8 @@ class Communicator {
   // Tagged point-to-point. A receive matches the first send of the same peer and
   // tag; its buffer must hold exactly the message, else the receive fails with
   // kMismatch, and so does the send when it goes by rendezvous (above the pair's eager
-  // limit: PathInfo::eager_limit); an eager send has completed by then.
+  // limit: PathInfo::eager_limit, or past its eager window: PathInfo::eager_window); an
+  // eager send has completed by then.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);

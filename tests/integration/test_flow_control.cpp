@@ -1,0 +1,163 @@
+// Eager flow control (core/eager_credit.cpp), in real processes over every net provider.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+
+namespace {
+
+constexpr std::size_t kHeader = 40;  // what each eager message counts besides its bytes
+constexpr uint64_t kDataTag = 3, kGoTag = 4;
+
+std::map<std::string, std::string> over(const std::string& provider, const std::string& window) {
+  return {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "30s"}, {"HMC_EAGER_LIMIT", "4K"},
+          {"HMC_EAGER_WINDOW", window}};
+}
+
+// Rank 0 sends `count` messages of `bytes` (tag kDataTag, message k seeded with k + seed)
+// before rank 1 posts any receive, then says go. Returns the index of the first send that
+// was still pending 300 ms after it was posted (count when every one completed on its own
+// within 5 s), or -1 on a failed check. `sends` keeps the requests.
+int sends_until_one_waits(RankEnv& e, int count, std::size_t bytes, uint64_t seed,
+                          std::vector<std::vector<uint8_t>>& out, std::vector<Request>& sends) {
+  int first_waiting = count;
+  for (int k = 0; k < count; ++k) {
+    out.push_back(test::random_bytes(bytes, seed + k));
+    sends.push_back(e.comm.isend(out.back().data(), bytes, 1, kDataTag));
+    if (first_waiting < count) continue;  // past the window: no more waits of 300 ms each
+    const Status early = sends.back().wait(std::chrono::milliseconds(k == 0 ? 5000 : 300));
+    if (early.ok()) continue;
+    if (early.code() != ErrorCode::kTimeout) {
+      std::fprintf(stderr, "send %d failed: %s\n", k, early.to_string().c_str());
+      return -1;
+    }
+    first_waiting = k;
+  }
+  return first_waiting;
+}
+
+// Rank 1: the go, then `count` messages in order, each checked.
+int receive_in_order(RankEnv& e, int count, std::size_t bytes, uint64_t seed) {
+  char go = 0;
+  HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, kGoTag));
+  for (int k = 0; k < count; ++k) {
+    std::vector<uint8_t> got(bytes, 0xA5);
+    HMC_EXPECT_OK(e.comm.recv(got.data(), bytes, 0, kDataTag));
+    HMC_EXPECT(got == test::random_bytes(bytes, seed + k), "message " + std::to_string(k) + " differs");
+  }
+  return 0;
+}
+
+}  // namespace
+
+// A sender that runs ahead of a receiver that posts no receive: exactly the window's worth
+// of eager messages completes on its own, the next waits for the receiver (rendezvous), and
+// every message arrives intact and in order. Once the receiver has caught up, the credit is
+// back and sends complete on their own again.
+TEST_CASE("an eager sender a window ahead of its receiver waits for it and nothing is lost", "[p2p][flow]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider, "32K"), [](RankEnv& e) {
+        constexpr std::size_t kBytes = 2000;
+        constexpr int kCount = 24;
+        const PathInfo& path = e.comm.path(1 - e.rank);
+        HMC_EXPECT(path.eager_limit == 4096 && path.eager_window == 32768,
+                   "eager limit " + std::to_string(path.eager_limit) + ", window " + std::to_string(path.eager_window));
+        const int fit = static_cast<int>(path.eager_window / (kBytes + kHeader));  // 16
+        if (e.rank == 1) {
+          if (int rc = receive_in_order(e, kCount, kBytes, 100)) return rc;
+          return receive_in_order(e, fit / 2, kBytes, 200);
+        }
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<Request> sends;
+        const int first_waiting = sends_until_one_waits(e, kCount, kBytes, 100, out, sends);
+        HMC_EXPECT(first_waiting == fit, "send " + std::to_string(first_waiting) + " was the first to wait, expected " +
+                                             std::to_string(fit));
+        char go = 1;
+        HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+        // Every rendezvous send above completed after the receiver consumed the eager
+        // messages, and its credit came back ahead of them on the same connection.
+        out.clear();
+        sends.clear();
+        const int again = sends_until_one_waits(e, fit / 2, kBytes, 200, out, sends);
+        HMC_EXPECT(again == fit / 2, "after the receiver caught up, send " + std::to_string(again) + " waited");
+        HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+TEST_CASE("HMC_EAGER_WINDOW=0 lets eager sends run ahead without bound and a small one is raised", "[p2p][flow]") {
+  for (const auto& provider : test::available_net_providers()) {
+    for (const std::string window : {"0", "1K"}) {
+      DYNAMIC_SECTION(provider << ", HMC_EAGER_WINDOW=" << window) {
+        auto exits = test::run_ranks(2, over(provider, window), [window](RankEnv& e) {
+          constexpr std::size_t kBytes = 4000;
+          const std::size_t want = window == "0" ? SIZE_MAX : 4 * (4096 + kHeader);
+          const std::size_t got = e.comm.path(1 - e.rank).eager_window;
+          HMC_EXPECT(got == want, "eager window " + std::to_string(got) + ", expected " + std::to_string(want));
+          // Unbounded: 64 messages (256 KB) all complete on their own; raised to four
+          // messages of the eager limit: four of 4000 B fit, the fifth waits.
+          const int count = window == "0" ? 64 : 5;
+          if (e.rank == 1) return receive_in_order(e, count, kBytes, 300);
+          std::vector<std::vector<uint8_t>> out;
+          std::vector<Request> sends;
+          const int first_waiting = sends_until_one_waits(e, count, kBytes, 300, out, sends);
+          HMC_EXPECT(first_waiting == (window == "0" ? count : 4), "send " + std::to_string(first_waiting) + " waited first");
+          char go = 1;
+          HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+          HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
+// Three ranks, each sending every other rank messages of mixed sizes (empty ones too) under
+// a small window before receiving any, so eager and rendezvous messages interleave on each
+// pair: each arrives intact, in the order sent.
+TEST_CASE("eager and rendezvous messages interleaved by the window keep their order and bytes", "[p2p][flow]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(3, over(provider, "16K"), [](RankEnv& e) {
+        constexpr int kCount = 60;
+        auto size_of = [](int k) { return static_cast<std::size_t>(k % 7 == 0 ? 0 : (k * 613) % 6000); };
+        auto seed_of = [](int from, int to, int k) { return static_cast<uint64_t>((from * 10 + to) * 1000 + k); };
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<Request> sends;
+        for (int peer = 0; peer < e.size; ++peer) {
+          if (peer == e.rank) continue;
+          for (int k = 0; k < kCount; ++k) {
+            out.push_back(test::random_bytes(size_of(k), seed_of(e.rank, peer, k)));
+            sends.push_back(e.comm.isend(out.back().data(), out.back().size(), peer, kDataTag));
+          }
+        }
+        for (int peer = 0; peer < e.size; ++peer) {
+          if (peer == e.rank) continue;
+          for (int k = 0; k < kCount; ++k) {
+            std::vector<uint8_t> got(size_of(k), 0x5A);
+            HMC_EXPECT_OK(e.comm.recv(got.data(), got.size(), peer, kDataTag));
+            HMC_EXPECT(got == test::random_bytes(size_of(k), seed_of(peer, e.rank, k)),
+                       "message " + std::to_string(k) + " from rank " + std::to_string(peer) + " differs");
+          }
+        }
+        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
