@@ -112,7 +112,7 @@ Status CommImpl::setup(const UniqueId& id) {
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
     p.ipc_ok = p.net && p.card.host_id == mine.host_id;
     p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
-    p.path.eager_window = eager_window_for(p);
+    p.path.eager_window = eager_window_for(p, p.card.host_id == mine.host_id);
     p.eager_credit = p.path.eager_window;
     p.get_limit = get_limit_for(p, p.card.host_id == mine.host_id);
     p.path.get_limit = p.get_limit;

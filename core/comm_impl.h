@@ -194,7 +194,7 @@ class CommImpl : public Progressable {
                          bool cached_only = false);
   void release_reg(Peer& p, Reg& reg);
   // Eager flow control (eager_credit.cpp). The pair's window (PathInfo::eager_window):
-  std::size_t eager_window_for(const Peer& p) const;
+  std::size_t eager_window_for(const Peer& p, bool same_host) const;
   // Sender: whether a message of `bytes` may go eagerly now; spend_eager_credit charges it.
   bool eager_fits(const Peer& p, std::size_t bytes) const;
   void spend_eager_credit(Peer& p, std::size_t bytes);

@@ -13,8 +13,8 @@
 // rendezvous, whose RTS waits at the receiver without its data. The receiver counts what
 // its receives consumed and gives it back in a kCredit message once that reaches a quarter
 // of the window, or at once when an RTS comes while it owes anything (the RTS may be a
-// message that did not fit). Both sides derive the window alike from the configuration
-// and the pair's eager limit, as they do the eager limit itself.
+// message that did not fit). Both sides derive the window alike from the configuration,
+// the pair class and the pair's eager limit, as they do the eager limit itself.
 #include <algorithm>
 
 #include "core/comm_impl.h"
@@ -26,9 +26,13 @@ std::size_t charge(std::size_t bytes) { return bytes + sizeof(WireHeader); }
 
 }  // namespace
 
-std::size_t CommImpl::eager_window_for(const Peer& p) const {
+// Unset, HMC_EAGER_WINDOW is 256 KiB between ranks of one host and 1 MiB between hosts,
+// whose credit takes longer to come back (docs/performance.md, "Eager flow control").
+std::size_t CommImpl::eager_window_for(const Peer& p, bool same_host) const {
+  constexpr std::size_t kRemoteDefault = 1 << 20;
   if (!p.net || eager_window_ == 0) return SIZE_MAX;
-  return std::max(eager_window_, 4 * charge(p.path.eager_limit));
+  const bool chosen = same_host || ctx_.config().is_set("HMC_EAGER_WINDOW");
+  return std::max(chosen ? eager_window_ : kRemoteDefault, 4 * charge(p.path.eager_limit));
 }
 
 // Empty messages carry nothing to buffer (an unexpected one costs what an RTS costs): they

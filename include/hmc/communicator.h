@@ -52,8 +52,8 @@ struct PathInfo {
   // header) this side may have sent to the peer that the peer's application has not yet
   // received. Past it, messages up to eager_limit go by rendezvous too, until the peer's
   // receives catch up; so a receiver that falls behind buffers at most this much from
-  // each sender. HMC_EAGER_WINDOW, at least four messages of eager_limit; SIZE_MAX: no
-  // bound (HMC_EAGER_WINDOW=0).
+  // each sender. HMC_EAGER_WINDOW (unset: 256 KiB on one host, 1 MiB between hosts), at
+  // least four messages of eager_limit; SIZE_MAX: no bound (HMC_EAGER_WINDOW=0).
   std::size_t eager_window = 0;
 };
 

@@ -125,6 +125,41 @@ TEST_CASE("HMC_EAGER_WINDOW=0 lets eager sends run ahead without bound and a sma
   }
 }
 
+// Unset, the window is 256 KiB between ranks of one host and 1 MiB between hosts (two
+// "hosts" by HMC_HOST_ID, over tcp), each raised to four messages of the 64 KiB default
+// eager limit; set, it holds for both. Across hosts, a 1 MiB window's worth of 16000 B
+// sends completes before the receiver posts anything.
+TEST_CASE("the eager window defaults by pair class unless HMC_EAGER_WINDOW is set", "[p2p][flow]") {
+  for (const bool two_hosts : {false, true}) {
+    for (const bool user_window : {false, true}) {
+      DYNAMIC_SECTION((two_hosts ? "two hosts" : "one host") << (user_window ? ", HMC_EAGER_WINDOW=512K" : "")) {
+        std::map<std::string, std::string> env = {{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", "30s"}};
+        if (two_hosts) env["HMC_HOST_ID"] = "host{rank}";
+        if (user_window) env["HMC_EAGER_WINDOW"] = "512K";
+        const std::size_t want = user_window ? 512u << 10 : two_hosts ? 1u << 20 : 4 * ((64u << 10) + kHeader);
+        auto exits = test::run_ranks(2, env, [want](RankEnv& e) {
+          constexpr std::size_t kBytes = 16000;
+          const std::size_t got = e.comm.path(1 - e.rank).eager_window;
+          HMC_EXPECT(got == want, "eager window " + std::to_string(got) + ", expected " + std::to_string(want));
+          const int fit = static_cast<int>(want / (kBytes + kHeader));
+          if (e.rank == 1) return receive_in_order(e, fit + 1, kBytes, 400);
+          std::vector<std::vector<uint8_t>> out;
+          std::vector<Request> sends;
+          const int first_waiting = sends_until_one_waits(e, fit + 1, kBytes, 400, out, sends);
+          HMC_EXPECT(first_waiting == fit, "send " + std::to_string(first_waiting) + " waited first, expected " +
+                                               std::to_string(fit));
+          char go = 1;
+          HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+          HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
 // Three ranks, each sending every other rank messages of mixed sizes (empty ones too) under
 // a small window before receiving any, so eager and rendezvous messages interleave on each
 // pair: each arrives intact, in the order sent.
