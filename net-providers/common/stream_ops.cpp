@@ -14,7 +14,7 @@ void fini(void* state) {
 
 int fill_props(void* state, hmc_net_props_t* props, double latency_us, double bandwidth_gbps) {
   if (props == nullptr || props->struct_size < HMC_NET_PROPS_V1_SIZE) return HMC_PROV_ERR_INVALID;
-  props->latency_us = latency_us;  // no eager-limit advice: messages up to the host's limit
+  props->latency_us = latency_us;  // eager-limit advice is the transport's (shm_provider.cpp)
   props->bandwidth_gbps = bandwidth_gbps;
   props->max_msg_size = kMaxMessage;
   return HMC_PROV_OK;

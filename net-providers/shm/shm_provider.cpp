@@ -44,6 +44,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <cerrno>
 #include <cstring>
@@ -77,6 +78,11 @@ const hmc_param_t kParams[] = {
 constexpr uint32_t kRkeyMagic = 0x314d4853;  // "SHM1"
 constexpr double kLatencyUs = 5.0;           // model input: small message, one way
 constexpr double kBandwidthGBps = 10.0;      // model input: large puts, about a memcpy
+// Eager limit advised while puts are single copy: above it the rendezvous, which puts
+// straight into the receive buffer, beat eager messages (ring, control slot, receive
+// buffer) on the 2-vCPU VM at 24-64 KiB, for streams and for one message at a time
+// (docs/performance.md, "shm's eager limit"); at 16 KiB they were level or eager won.
+constexpr size_t kEagerLimitSameHost = size_t{16} << 10;
 // process_vm_writev call size: 4 MiB pieces measured a little faster than one
 // call for the whole put (the kernel pins fewer pages at a time).
 constexpr uint64_t kCmaPiece = uint64_t{4} << 20;
@@ -92,6 +98,9 @@ std::string random_hex() {
 class ShmProvider final : public hmc_net::StreamProvider {
  public:
   explicit ShmProvider(const hmc_host_services_t& host) : StreamProvider(host, "shm") {}
+
+  // Whether puts are meant to be single copy (HMC_SHM_CMA); with 0 they go through the socket.
+  bool single_copy_puts() const { return cma_; }
 
   int configure(std::string& why) override {
     if (!host().get_string(kParams[0], dir_, why) || !host().get_bool(kParams[1], cma_, why) ||
@@ -399,7 +408,11 @@ char* ShmProvider::mapped(Connection& conn, const hmc_net::Rkey& rkey,
 }
 
 int props(void* state, hmc_net_props_t* props) {
-  return hmc_net::ops::fill_props(state, props, kLatencyUs, kBandwidthGBps);
+  const int rc = hmc_net::ops::fill_props(state, props, kLatencyUs, kBandwidthGBps);
+  if (rc != HMC_PROV_OK || state == nullptr) return rc;
+  if (props->struct_size >= offsetof(hmc_net_props_t, eager_limit_same_host) + sizeof(size_t))
+    props->eager_limit_same_host = static_cast<ShmProvider*>(state)->single_copy_puts() ? kEagerLimitSameHost : 0;
+  return HMC_PROV_OK;
 }
 
 constexpr hmc_net_provider_t kTable = hmc_net::stream_table<ShmProvider>(

@@ -63,12 +63,12 @@ TEST_CASE("send/recv moves every size intact over each provider", "[p2p]") {
   }
 }
 
-// Each pair's eager limit is HMC_EAGER_LIMIT or the provider's lower advice (tcp and shm
-// give none; ucx's depends on its transports: tests/ucx), and a HMC_EAGER_LIMIT the user
+// Each pair's eager limit is HMC_EAGER_LIMIT or the provider's lower advice (tcp gives none,
+// shm 16 KiB; ucx's depends on its transports: tests/ucx), and a HMC_EAGER_LIMIT the user
 // set holds for every provider. The engine keeps to it: a send of the limit completes
 // before its receive is posted, one byte more waits for the receiver (rendezvous).
 TEST_CASE("the eager limit of a pair is the provider's advice unless HMC_EAGER_LIMIT is set", "[p2p][eager]") {
-  const std::map<std::string, std::size_t> advised = {{"shm", 64u << 10}, {"tcp", 64u << 10}};
+  const std::map<std::string, std::size_t> advised = {{"shm", 16u << 10}, {"tcp", 64u << 10}};
   for (const auto& provider : test::available_net_providers()) {
     for (const bool user_limit : {false, true}) {
       DYNAMIC_SECTION(provider << (user_limit ? ", HMC_EAGER_LIMIT=48K" : "")) {
