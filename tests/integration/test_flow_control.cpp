@@ -52,43 +52,41 @@ int receive_in_order(RankEnv& e, int count, std::size_t bytes, uint64_t seed) {
   return 0;
 }
 
+// Both ranks: the pair's window is `window`; rank 0 sends `count` messages of `bytes`
+// before rank 1 receives any, and the first of them to wait must be `want_waiting`
+// (`count`: none waits); rank 1 then receives and checks them all.
+int window_holds(RankEnv& e, std::size_t window, std::size_t bytes, int count, int want_waiting, uint64_t seed) {
+  const std::size_t got = e.comm.path(1 - e.rank).eager_window;
+  HMC_EXPECT(got == window, "eager window " + std::to_string(got) + ", expected " + std::to_string(window));
+  if (e.rank == 1) return receive_in_order(e, count, bytes, seed);
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<Request> sends;
+  const int first_waiting = sends_until_one_waits(e, count, bytes, seed, out, sends);
+  HMC_EXPECT(first_waiting == want_waiting, "send " + std::to_string(first_waiting) + " was the first to wait, expected " +
+                                                std::to_string(want_waiting));
+  char go = 1;
+  HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+  HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+  return 0;
+}
+
 }  // namespace
 
 // A sender that runs ahead of a receiver that posts no receive: exactly the window's worth
 // of eager messages completes on its own, the next waits for the receiver (rendezvous), and
 // every message arrives intact and in order. Once the receiver has caught up, the credit is
-// back and sends complete on their own again.
+// back and sends complete on their own again: every rendezvous send of the first round
+// completed after the receiver consumed the eager ones, and the credit came back ahead of
+// their answers on the same connection.
 TEST_CASE("an eager sender a window ahead of its receiver waits for it and nothing is lost", "[p2p][flow]") {
   for (const auto& provider : test::available_net_providers()) {
     DYNAMIC_SECTION(provider) {
       auto exits = test::run_ranks(2, over(provider, "32K"), [](RankEnv& e) {
-        constexpr std::size_t kBytes = 2000;
-        constexpr int kCount = 24;
-        const PathInfo& path = e.comm.path(1 - e.rank);
-        HMC_EXPECT(path.eager_limit == 4096 && path.eager_window == 32768,
-                   "eager limit " + std::to_string(path.eager_limit) + ", window " + std::to_string(path.eager_window));
-        const int fit = static_cast<int>(path.eager_window / (kBytes + kHeader));  // 16
-        if (e.rank == 1) {
-          if (int rc = receive_in_order(e, kCount, kBytes, 100)) return rc;
-          return receive_in_order(e, fit / 2, kBytes, 200);
-        }
-        std::vector<std::vector<uint8_t>> out;
-        std::vector<Request> sends;
-        const int first_waiting = sends_until_one_waits(e, kCount, kBytes, 100, out, sends);
-        HMC_EXPECT(first_waiting == fit, "send " + std::to_string(first_waiting) + " was the first to wait, expected " +
-                                             std::to_string(fit));
-        char go = 1;
-        HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
-        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-        // Every rendezvous send above completed after the receiver consumed the eager
-        // messages, and its credit came back ahead of them on the same connection.
-        out.clear();
-        sends.clear();
-        const int again = sends_until_one_waits(e, fit / 2, kBytes, 200, out, sends);
-        HMC_EXPECT(again == fit / 2, "after the receiver caught up, send " + std::to_string(again) + " waited");
-        HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
-        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-        return 0;
+        constexpr std::size_t kBytes = 2000, kWindow = 32768;
+        const int fit = static_cast<int>(kWindow / (kBytes + kHeader));  // 16
+        HMC_EXPECT(e.comm.path(1 - e.rank).eager_limit == 4096, "eager limit is not HMC_EAGER_LIMIT");
+        if (int rc = window_holds(e, kWindow, kBytes, fit + 8, fit, 100)) return rc;
+        return window_holds(e, kWindow, kBytes, fit / 2, fit / 2, 200);
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));
@@ -96,27 +94,15 @@ TEST_CASE("an eager sender a window ahead of its receiver waits for it and nothi
   }
 }
 
+// Unbounded: 64 messages (256 KB) all complete on their own. Raised to four messages of the
+// eager limit with their headers: four of 4000 B fit, the fifth waits.
 TEST_CASE("HMC_EAGER_WINDOW=0 lets eager sends run ahead without bound and a small one is raised", "[p2p][flow]") {
   for (const auto& provider : test::available_net_providers()) {
     for (const std::string window : {"0", "1K"}) {
       DYNAMIC_SECTION(provider << ", HMC_EAGER_WINDOW=" << window) {
         auto exits = test::run_ranks(2, over(provider, window), [window](RankEnv& e) {
-          constexpr std::size_t kBytes = 4000;
-          const std::size_t want = window == "0" ? SIZE_MAX : 4 * (4096 + kHeader);
-          const std::size_t got = e.comm.path(1 - e.rank).eager_window;
-          HMC_EXPECT(got == want, "eager window " + std::to_string(got) + ", expected " + std::to_string(want));
-          // Unbounded: 64 messages (256 KB) all complete on their own; raised to four
-          // messages of the eager limit: four of 4000 B fit, the fifth waits.
-          const int count = window == "0" ? 64 : 5;
-          if (e.rank == 1) return receive_in_order(e, count, kBytes, 300);
-          std::vector<std::vector<uint8_t>> out;
-          std::vector<Request> sends;
-          const int first_waiting = sends_until_one_waits(e, count, kBytes, 300, out, sends);
-          HMC_EXPECT(first_waiting == (window == "0" ? count : 4), "send " + std::to_string(first_waiting) + " waited first");
-          char go = 1;
-          HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
-          HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-          return 0;
+          if (window == "0") return window_holds(e, SIZE_MAX, 4000, 64, 64, 300);
+          return window_holds(e, 4 * (4096 + kHeader), 4000, 5, 4, 300);
         });
         INFO(test::describe(exits));
         REQUIRE(test::all_ok(exits));
@@ -139,19 +125,8 @@ TEST_CASE("the eager window defaults by pair class unless HMC_EAGER_WINDOW is se
         const std::size_t want = user_window ? 512u << 10 : two_hosts ? 1u << 20 : 4 * ((64u << 10) + kHeader);
         auto exits = test::run_ranks(2, env, [want](RankEnv& e) {
           constexpr std::size_t kBytes = 16000;
-          const std::size_t got = e.comm.path(1 - e.rank).eager_window;
-          HMC_EXPECT(got == want, "eager window " + std::to_string(got) + ", expected " + std::to_string(want));
           const int fit = static_cast<int>(want / (kBytes + kHeader));
-          if (e.rank == 1) return receive_in_order(e, fit + 1, kBytes, 400);
-          std::vector<std::vector<uint8_t>> out;
-          std::vector<Request> sends;
-          const int first_waiting = sends_until_one_waits(e, fit + 1, kBytes, 400, out, sends);
-          HMC_EXPECT(first_waiting == fit, "send " + std::to_string(first_waiting) + " waited first, expected " +
-                                               std::to_string(fit));
-          char go = 1;
-          HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
-          HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-          return 0;
+          return window_holds(e, want, kBytes, fit + 1, fit, 400);
         });
         INFO(test::describe(exits));
         REQUIRE(test::all_ok(exits));
