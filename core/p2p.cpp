@@ -94,7 +94,10 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   auto op = Operation::make(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
-  const bool eager = !p.net || (bytes <= p.path.eager_limit && eager_fits(p, bytes));
+  // Device bytes to a peer on this host go by rendezvous at any size: the receiver can take
+  // them by IPC (one device copy), where an eager message stages them through the host on
+  // both sides (docs/performance.md, "shm's eager limit").
+  const bool eager = !p.net || (bytes <= p.path.eager_limit && !(device && p.ipc_ok) && eager_fits(p, bytes));
   // Device bytes that travel inside a message are copied to the host first.
   std::vector<uint8_t> host;
   if (device && eager) {

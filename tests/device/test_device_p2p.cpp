@@ -126,6 +126,44 @@ TEST_CASE("the path names how device memory moves", "[device][p2p]") {
   REQUIRE(all_ok(exits));
 }
 
+// A device send to a peer on this host goes by rendezvous at any size (the receiver takes it
+// by IPC), so it waits for its receive; to another host a small one still goes eagerly,
+// staged through host memory, and completes on its own. Rank 1 receives into device memory
+// after rank 0 said go, and checks the bytes.
+TEST_CASE("small device sends wait for their receive on one host and not across hosts", "[device][p2p]") {
+  for (const bool two_hosts : {false, true}) {
+    DYNAMIC_SECTION((two_hosts ? "two hosts" : "one host")) {
+      std::map<std::string, std::string> settings;
+      if (two_hosts) settings["HMC_HOST_ID"] = "host-{rank}";
+      auto exits = run_ranks(2, settings, [two_hosts](RankEnv& e) {
+        constexpr std::size_t kBytes = 64;
+        constexpr uint64_t kTag = 5, kGoTag = 6;
+        auto b = buffer(e.ctx, e.rank, Side::kDevice, kBytes);
+        HMC_EXPECT(b.ok(), b.status().to_string());
+        char go = 1;
+        if (e.rank == 0) {
+          b->host = random_bytes(kBytes, 17);
+          HMC_EXPECT_OK(b->push());
+          Request send = e.comm.isend(b->ptr(), kBytes, 1, kTag);
+          const Status early = send.wait(std::chrono::milliseconds(two_hosts ? 5000 : 300));
+          HMC_EXPECT(early.ok() == two_hosts, "64 B from device memory before the receive: " + early.to_string());
+          HMC_EXPECT_OK(e.comm.send(&go, 1, 1, kGoTag));
+          return send.wait(kWait).ok() ? 0 : 1;
+        }
+        b->host.assign(kBytes, 0xEE);
+        HMC_EXPECT_OK(b->push());
+        HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, kGoTag));
+        HMC_EXPECT_OK(e.comm.irecv(b->ptr(), kBytes, 0, kTag).wait(kWait));
+        HMC_EXPECT_OK(b->pull());
+        HMC_EXPECT(b->host == random_bytes(kBytes, 17), "wrong bytes");
+        return 0;
+      }, kWait);
+      INFO(describe(exits));
+      REQUIRE(all_ok(exits));
+    }
+  }
+}
+
 TEST_CASE("one-sided put from device memory and into device memory", "[device][p2p]") {
   auto exits = run_ranks(2, {}, [](RankEnv& e) {
     const std::size_t n = 300000;
