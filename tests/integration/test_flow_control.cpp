@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 
 #include "multiprocess.h"
 
@@ -19,7 +20,7 @@ std::map<std::string, std::string> over(const std::string& provider, const std::
 }
 
 // Rank 0 sends `count` messages of `bytes` (tag kDataTag, message k seeded with k + seed)
-// before rank 1 posts any receive, then says go. Returns the index of the first send that
+// while rank 1 posts no receive. Returns the index of the first send that
 // was still pending 300 ms after it was posted (count when every one completed on its own
 // within 5 s), or -1 on a failed check. `sends` keeps the requests.
 int sends_until_one_waits(RankEnv& e, int count, std::size_t bytes, uint64_t seed,
