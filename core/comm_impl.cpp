@@ -110,12 +110,12 @@ Status CommImpl::setup(const UniqueId& id) {
     p.path = std::move(path.value());
     p.path.device_path = device_path(mine, p.card, p.path.provider);
     if (p.path.provider != "self") p.net = ctx_.registry().net(p.path.provider);
-    p.ipc_ok = p.net && p.card.host_id == mine.host_id;
-    p.path.eager_limit = eager_limit_for(p, p.card.host_id == mine.host_id);
-    p.path.eager_window = eager_window_for(p, p.card.host_id == mine.host_id);
+    const bool same_host = p.card.host_id == mine.host_id;
+    p.ipc_ok = p.net && same_host;
+    p.path.eager_limit = eager_limit_for(p, same_host);
+    p.path.eager_window = eager_window_for(p, same_host);
     p.eager_credit = p.path.eager_window;
-    p.get_limit = get_limit_for(p, p.card.host_id == mine.host_id);
-    p.path.get_limit = p.get_limit;
+    p.path.get_limit = get_limit_for(p, same_host);
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);

@@ -157,7 +157,6 @@ class CommImpl : public Progressable {
     std::vector<Inflight> inflight;
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
     bool ipc_ok = false;  // same host, and no IPC import has failed yet
-    std::size_t get_limit = 0;  // rendezvous sends up to this size offer a get (HMC_RNDV, rndv_get.cpp)
     // Eager flow control (eager_credit.cpp): what this side may still send eagerly, and
     // what of the peer's eager messages was consumed here and not yet given back.
     std::size_t eager_credit = 0;

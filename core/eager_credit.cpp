@@ -12,8 +12,8 @@
 // receiver's application not yet received. A message that does not fit goes by
 // rendezvous, whose RTS waits at the receiver without its data. The receiver counts what
 // its receives consumed and gives it back in a kCredit message once that reaches a quarter
-// of the window, or at once when an RTS comes while it owes anything (the RTS may be a
-// message that did not fit). Both sides derive the window alike from the configuration,
+// of the window, or at once when an RTS of at most the eager limit comes while it owes
+// anything (the RTS may be a message that did not fit). Both sides derive the window alike from the configuration,
 // the pair class and the pair's eager limit, as they do the eager limit itself.
 #include <algorithm>
 
@@ -45,6 +45,7 @@ void CommImpl::spend_eager_credit(Peer& p, std::size_t bytes) {
   if (bytes > 0 && p.path.eager_window != SIZE_MAX) p.eager_credit -= charge(bytes);
 }
 
+// Every peer passes here, self too: its window is SIZE_MAX.
 void CommImpl::consumed_eager(Peer& p, std::size_t bytes) {
   if (bytes == 0 || p.path.eager_window == SIZE_MAX) return;
   p.credit_owed += charge(bytes);
@@ -52,7 +53,7 @@ void CommImpl::consumed_eager(Peer& p, std::size_t bytes) {
 }
 
 void CommImpl::give_back_credit(Peer& p) {
-  if (!p.lost.ok() || !p.net) return;
+  if (!p.lost.ok()) return;
   post_msg(p, MsgType::kCredit, 0, 0, 0, p.credit_owed, nullptr, 0, nullptr);
   p.credit_owed = 0;
 }

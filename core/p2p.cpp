@@ -130,7 +130,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
   std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
-  const uint64_t flags = device ? kRtsFromDevice : bytes <= p.get_limit && offer_get(p, send, key) ? kRtsGet : 0;
+  const uint64_t flags = device ? kRtsFromDevice : bytes <= p.path.get_limit && offer_get(p, send, key) ? kRtsGet : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
   return op;
@@ -158,7 +158,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
 }
 
 void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size) {
-  if (p.net) consumed_eager(p, size);
+  consumed_eager(p, size);
   if (size != r.bytes) {
     r.op->fail({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
     return;
@@ -510,9 +510,9 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kEager:
     case MsgType::kRts: {
       bool eager = static_cast<MsgType>(h.type) == MsgType::kEager;
-      // An RTS may be a small message its sender could not send eagerly: what this side
-      // owes goes back now, not only at the next quarter of the window.
-      if (!eager && p.credit_owed > 0) give_back_credit(p);
+      // An RTS of at most the eager limit may be a message its sender could not send
+      // eagerly: what this side owes goes back now, not only at the next quarter.
+      if (!eager && h.size <= p.path.eager_limit && p.credit_owed > 0) give_back_credit(p);
       for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
         if (it->tag != h.tag) continue;
         RecvOp r = std::move(*it);
