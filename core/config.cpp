@@ -77,20 +77,21 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   return static_cast<uint64_t>(v * mul);
 }
 
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
+std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {
   if (text.empty()) return std::nullopt;
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(text.c_str(), &end);
   if (end == text.c_str() || errno != 0 || v < 0) return std::nullopt;
   std::string unit = lower(end);
-  double ms;
-  if (unit.empty() || unit == "s") ms = v * 1000;
-  else if (unit == "ms") ms = v;
-  else if (unit == "m" || unit == "min") ms = v * 60000;
-  else if (unit == "h") ms = v * 3600000;
+  double us;
+  if (unit.empty() || unit == "s") us = v * 1e6;
+  else if (unit == "us") us = v;
+  else if (unit == "ms") us = v * 1e3;
+  else if (unit == "m" || unit == "min") us = v * 60e6;
+  else if (unit == "h") us = v * 3600e6;
   else return std::nullopt;
-  return std::chrono::milliseconds(static_cast<int64_t>(ms));
+  return std::chrono::microseconds(static_cast<int64_t>(us));
 }
 
 std::optional<bool> parse_bool(const std::string& text) {
@@ -191,8 +192,8 @@ std::string Config::str(const std::string& name) const { return text(name).value
 int64_t Config::integer(const std::string& name) const { return std::strtoll(str(name).c_str(), nullptr, 10); }
 uint64_t Config::size(const std::string& name) const { return parse_size(str(name)).value_or(0); }
 bool Config::flag(const std::string& name) const { return parse_bool(str(name)).value_or(false); }
-std::chrono::milliseconds Config::duration(const std::string& name) const {
-  return parse_duration(str(name)).value_or(std::chrono::milliseconds(0));
+std::chrono::microseconds Config::duration(const std::string& name) const {
+  return parse_duration(str(name)).value_or(std::chrono::microseconds(0));
 }
 
 std::vector<ConfigEntry> Config::entries() const {

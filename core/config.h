@@ -41,7 +41,7 @@ class Config {
   int64_t integer(const std::string& name) const;
   uint64_t size(const std::string& name) const;
   bool flag(const std::string& name) const;
-  std::chrono::milliseconds duration(const std::string& name) const;
+  std::chrono::microseconds duration(const std::string& name) const;
 
   std::vector<ConfigEntry> entries() const;
   // HMC_* variables in the environment that no table claims (typos, usually).
@@ -56,7 +56,7 @@ class Config {
 
 // Parsers shared with tools: "64K", "4MiB", "1G" -> bytes; "30s", "500ms", "2m", "10" (s).
 std::optional<uint64_t> parse_size(const std::string& text);
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
+std::optional<std::chrono::microseconds> parse_duration(const std::string& text);
 std::optional<bool> parse_bool(const std::string& text);
 
 }  // namespace hmc::core

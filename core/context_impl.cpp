@@ -87,7 +87,7 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   if (!set_log_level(ctx->config_.str("HMC_LOG_LEVEL")))
     return Status(ErrorCode::kInvalidArgument, "malformed HMC_LOG_LEVEL='" + ctx->config_.str("HMC_LOG_LEVEL") +
                                                    "': expected trace, debug, info, warn, error or off");
-  ctx->timeout_ = ctx->config_.duration("HMC_TIMEOUT");
+  ctx->timeout_ = std::chrono::duration_cast<std::chrono::milliseconds>(ctx->config_.duration("HMC_TIMEOUT"));
   if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
   ctx->engine_->default_timeout = ctx->timeout_;
   ctx->yield_every_ = ctx->config_.integer("HMC_YIELD_EVERY");

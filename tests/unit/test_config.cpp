@@ -20,6 +20,8 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
   CHECK(parse_duration("30") == 30000ms);
   CHECK(parse_duration("500ms") == 500ms);
   CHECK(parse_duration("2m") == 120000ms);
+  CHECK(parse_duration("250us") == 250us);
+  CHECK(parse_duration("1.5ms") == 1500us);
   CHECK_FALSE(parse_duration("soon"));
   CHECK(parse_bool("yes") == true);
   CHECK(parse_bool("0") == false);
