@@ -54,6 +54,7 @@ Status CommImpl::setup(const UniqueId& id) {
   comm_id_ = derive_comm_id(id);
   eager_limit_ = ctx_.config().size("HMC_EAGER_LIMIT");
   eager_window_ = ctx_.config().size("HMC_EAGER_WINDOW");
+  credit_wait_ = ctx_.config().duration("HMC_CREDIT_WAIT");
   const std::string rndv = ctx_.config().str("HMC_RNDV");
   if (rndv != "auto" && rndv != "put" && rndv != "get")
     return {ErrorCode::kInvalidArgument, "malformed HMC_RNDV='" + rndv + "': expected 'auto', 'put' or 'get'"};
@@ -115,6 +116,7 @@ Status CommImpl::setup(const UniqueId& id) {
     p.path.eager_limit = eager_limit_for(p, same_host);
     p.path.eager_window = eager_window_for(p, same_host);
     p.eager_credit = p.path.eager_window;
+    p.path.credit_wait = credit_wait_for(same_host);
     p.path.get_limit = get_limit_for(p, same_host);
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
@@ -261,6 +263,8 @@ void CommImpl::fail_all(const Status& why) {
 }
 
 void CommImpl::fail_pending(Peer& p, const Status& why) {
+  for (auto& h : p.held) h.op->fail(why);
+  p.held.clear();
   for (auto& r : p.posted) r.op->fail(why);
   for (auto& [id, s] : p.rndv_sends) {
     release_reg(p, s.reg);
@@ -339,16 +343,17 @@ Status CommImpl::finalize() {
     std::lock_guard lock(mu_);
     if (dev_.busy()) return false;
     for (auto& p : peers_)
-      if (!p.inflight.empty() || !p.rndv_sends.empty()) return false;
+      if (!p.inflight.empty() || !p.rndv_sends.empty() || !p.held.empty()) return false;
     return true;
   }, deadline);
   if (!drained) {
     std::lock_guard lock(mu_);
     std::string what;
     for (auto& p : peers_)
-      if (!p.inflight.empty() || !p.rndv_sends.empty())
+      if (!p.inflight.empty() || !p.rndv_sends.empty() || !p.held.empty())
         what += " rank " + std::to_string(p.rank) + ": " + std::to_string(p.inflight.size()) + " messages, " +
-                std::to_string(p.rndv_sends.size()) + " rendezvous sends;";
+                std::to_string(p.rndv_sends.size()) + " rendezvous sends, " + std::to_string(p.held.size()) +
+                " sends waiting for credit;";
     HMC_LOG("core", warn, "finalize: sends still pending at the deadline (device copies busy: {}):{}", dev_.busy(), what);
   }
   // This rank keeps answering its peers during the barrier: a peer still draining may be

@@ -8,7 +8,8 @@
 //   - or, where the path provider can get and HMC_RNDV allows it (rndv_get.cpp): RTS with
 //     the sender's registered buffer's rkey -> receiver gets the data -> GET_DONE;
 //   - eager messages are flow-controlled (eager_credit.cpp): past the pair's eager
-//     window of bytes its receiver has not consumed yet, small messages go by rendezvous.
+//     window of bytes its receiver has not consumed yet, a small message waits for the
+//     receiver's credit (up to HMC_CREDIT_WAIT), then goes by rendezvous.
 // A receive matches the first message of the same peer and tag, in order.
 // All state is guarded by mu_; progress() takes it with try_lock so any waiting thread
 // can drive it. Lock order: CommImpl::mu_, then ProgressEngine's.
@@ -87,6 +88,15 @@ class CommImpl : public Progressable {
     uint8_t* staged = nullptr; // pinned host copy while a staged put is in flight
     Reg reg{};                 // buf, registered for the receiver to get (kRtsGet)
   };
+  // A send waiting for eager credit (eager_credit.cpp), or queued behind one.
+  struct HeldSend {
+    std::shared_ptr<Operation> op;
+    const uint8_t* buf;
+    std::size_t bytes;
+    uint64_t tag;
+    bool device;
+    Clock::time_point until;  // then it goes by rendezvous if credit has not come
+  };
   struct RecvOp {
     std::shared_ptr<Operation> op;
     uint8_t* buf;
@@ -161,6 +171,7 @@ class CommImpl : public Progressable {
     // what of the peer's eager messages was consumed here and not yet given back.
     std::size_t eager_credit = 0;
     std::size_t credit_owed = 0;
+    std::deque<HeldSend> held;  // sends waiting for credit, and every later send, in order
   };
 
   CommImpl(ContextImpl& ctx, int rank, int size);
@@ -174,6 +185,15 @@ class CommImpl : public Progressable {
   std::size_t eager_limit_for(const Peer& p, bool same_host) const;
 
   // p2p engine (p2p.cpp)
+  // Starts a send to a net peer now: eagerly where it may and the window has room, else by
+  // rendezvous.
+  void start_send(Peer& p, const std::shared_ptr<Operation>& op, const uint8_t* buf, std::size_t bytes,
+                  uint64_t tag, bool device);
+  // Whether a send of `bytes` to p travels inside one message, credit permitting.
+  bool eager_sized(const Peer& p, std::size_t bytes, bool device) const;
+  // Device bytes that travel inside a message are copied to the host first: into `host`,
+  // and `data` then points there.
+  Status via_host(const uint8_t*& data, std::size_t bytes, std::vector<uint8_t>& host);
   void post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
                 const void* payload, std::size_t payload_len, std::function<void(const Status&)> done);
   // Keeps a provider request until it ends; a call that failed at once (rc, or no request)
@@ -194,6 +214,7 @@ class CommImpl : public Progressable {
   void release_reg(Peer& p, Reg& reg);
   // Eager flow control (eager_credit.cpp). The pair's window (PathInfo::eager_window):
   std::size_t eager_window_for(const Peer& p, bool same_host) const;
+  std::chrono::microseconds credit_wait_for(bool same_host) const;
   // Sender: whether a message of `bytes` may go eagerly now; spend_eager_credit charges it.
   bool eager_fits(const Peer& p, std::size_t bytes) const;
   void spend_eager_credit(Peer& p, std::size_t bytes);
@@ -202,6 +223,10 @@ class CommImpl : public Progressable {
   void consumed_eager(Peer& p, std::size_t bytes);
   void give_back_credit(Peer& p);
   void on_credit(Peer& p, uint64_t bytes);  // sender: the peer gave back `bytes` (kCredit)
+  // Sender: whether a send must wait in p.held (one waits already, or it is eager-sized and
+  // short of credit), and starting the held sends whose credit came or whose wait ended.
+  bool must_hold(const Peer& p, std::size_t bytes, bool device) const;
+  bool release_held(Peer& p);
   // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
   // HMC_RNDV and the provider's advice for the pair class (0: never):
   std::size_t get_limit_for(const Peer& p, bool same_host) const;
@@ -247,6 +272,7 @@ class CommImpl : public Progressable {
   uint64_t comm_id_ = 0;
   std::size_t eager_limit_ = 64 * 1024;
   std::size_t eager_window_ = 256 << 10;  // HMC_EAGER_WINDOW; 0: unbounded
+  std::chrono::microseconds credit_wait_{};  // HMC_CREDIT_WAIT
   std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
   enum class Rndv { kAuto, kPut, kGet } rndv_ = Rndv::kAuto;  // HMC_RNDV
   // Staging buffers of receives that ended while chunk copies still read them: how many

@@ -94,38 +94,53 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   auto op = Operation::make(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
-  // Device bytes to a peer on this host go by rendezvous at any size: the receiver can take
-  // them by IPC (one device copy), where an eager message stages them through the host on
-  // both sides (docs/performance.md, "shm's eager limit").
-  const bool eager = !p.net || (bytes <= p.path.eager_limit && !(device && p.ipc_ok) && eager_fits(p, bytes));
-  // Device bytes that travel inside a message are copied to the host first.
-  std::vector<uint8_t> host;
-  if (device && eager) {
-    host.resize(bytes);
-    if (Status s = ctx_.copy(host.data(), buf, bytes); !s.ok()) return Operation::failed(s);
-    data = host.data();
-  }
-  if (!p.net) {  // self: deliver like an eager message that never leaves the process
-    for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
-      if (it->tag != tag) continue;
-      RecvOp r = std::move(*it);
-      p.posted.erase(it);
-      deliver_eager(p, r, data, bytes);
-      if (r.op->status().code() == ErrorCode::kMismatch) op->fail(r.op->status());
-      else op->complete(bytes);
-      return op;
-    }
-    p.unexpected.push_back({MsgType::kEager, tag, bytes, 0, 0, std::vector<uint8_t>(data, data + bytes)});
-    op->complete(bytes);
+  if (p.net) {
+    if (must_hold(p, bytes, device)) p.held.push_back({op, data, bytes, tag, device, Clock::now() + p.path.credit_wait});
+    else start_send(p, op, data, bytes, tag, device);
     return op;
   }
-  if (eager) {
+  // Self: delivered like an eager message that never leaves the process.
+  std::vector<uint8_t> host;
+  if (Status s = device ? via_host(data, bytes, host) : Status{}; !s.ok()) return Operation::failed(s);
+  for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
+    if (it->tag != tag) continue;
+    RecvOp r = std::move(*it);
+    p.posted.erase(it);
+    deliver_eager(p, r, data, bytes);
+    if (r.op->status().code() == ErrorCode::kMismatch) op->fail(r.op->status());
+    else op->complete(bytes);
+    return op;
+  }
+  p.unexpected.push_back({MsgType::kEager, tag, bytes, 0, 0, std::vector<uint8_t>(data, data + bytes)});
+  op->complete(bytes);
+  return op;
+}
+
+Status CommImpl::via_host(const uint8_t*& data, std::size_t bytes, std::vector<uint8_t>& host) {
+  host.resize(bytes);
+  HMC_RETURN_IF_ERROR(ctx_.copy(host.data(), data, bytes));
+  data = host.data();
+  return {};
+}
+
+// Device bytes to a peer on this host go by rendezvous at any size: the receiver can take
+// them by IPC (one device copy), where an eager message stages them through the host on
+// both sides (docs/performance.md, "shm's eager limit").
+bool CommImpl::eager_sized(const Peer& p, std::size_t bytes, bool device) const {
+  return bytes <= p.path.eager_limit && !(device && p.ipc_ok);
+}
+
+void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const uint8_t* data, std::size_t bytes,
+                          uint64_t tag, bool device) {
+  if (eager_sized(p, bytes, device) && eager_fits(p, bytes)) {
+    std::vector<uint8_t> host;
+    if (Status s = device ? via_host(data, bytes, host) : Status{}; !s.ok()) return op->fail(s);
     spend_eager_credit(p, bytes);
     post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, [op, bytes](const Status& s) {
       if (s.ok()) op->complete(bytes);
       else op->fail(s);
     });
-    return op;
+    return;
   }
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
@@ -133,7 +148,6 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   const uint64_t flags = device ? kRtsFromDevice : bytes <= p.path.get_limit && offer_get(p, send, key) ? kRtsGet : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
-  return op;
 }
 
 std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int peer, uint64_t tag) {
@@ -574,7 +588,7 @@ bool CommImpl::ended(Peer& p, void* req, const std::function<void(const Status&)
 }
 
 bool CommImpl::progress_peer(Peer& p) {
-  bool any = false;
+  bool any = release_held(p);  // the sends whose wait for credit ended
   char message[256];
   if (!p.inflight.empty()) {
     auto& current = p.inflight_scan;  // swapped in, so neither vector gives up its storage

@@ -50,11 +50,14 @@ struct PathInfo {
   std::size_t get_limit = 0;
   // Eager flow control: how many bytes of eager messages (each counted with its 40-byte
   // header) this side may have sent to the peer that the peer's application has not yet
-  // received. Past it, messages up to eager_limit go by rendezvous too, until the peer's
-  // receives catch up; so a receiver that falls behind buffers at most this much from
-  // each sender. HMC_EAGER_WINDOW (unset: 256 KiB on one host, 1 MiB between hosts), at
-  // least four messages of eager_limit; SIZE_MAX: no bound (HMC_EAGER_WINDOW=0).
+  // received. Past it, a message up to eager_limit waits for the peer's credit (up to
+  // credit_wait, later sends to the peer waiting behind it), then goes by rendezvous; so a
+  // receiver that falls behind buffers at most this much from each sender.
+  // HMC_EAGER_WINDOW (unset: 256 KiB on one host, 1 MiB between hosts), at least four
+  // messages of eager_limit; SIZE_MAX: no bound (HMC_EAGER_WINDOW=0).
   std::size_t eager_window = 0;
+  // HMC_CREDIT_WAIT (unset: 200 us between hosts, 0 on one host: at once).
+  std::chrono::microseconds credit_wait{0};
 };
 
 struct PeerInfo {
@@ -89,8 +92,8 @@ class Communicator {
   // Tagged point-to-point. A receive matches the first send of the same peer and
   // tag; its buffer must hold exactly the message, else the receive fails with
   // kMismatch, and so does the send when it goes by rendezvous (above the pair's eager
-  // limit: PathInfo::eager_limit, or past its eager window: PathInfo::eager_window); an
-  // eager send has completed by then.
+  // limit: PathInfo::eager_limit, or past its eager window for longer than its credit
+  // wait: PathInfo::eager_window, credit_wait); an eager send has completed by then.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);

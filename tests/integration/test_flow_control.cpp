@@ -14,9 +14,13 @@ namespace {
 constexpr std::size_t kHeader = 40;  // what each eager message counts besides its bytes
 constexpr uint64_t kDataTag = 3, kGoTag = 4;
 
-std::map<std::string, std::string> over(const std::string& provider, const std::string& window) {
-  return {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "30s"}, {"HMC_EAGER_LIMIT", "4K"},
-          {"HMC_EAGER_WINDOW", window}};
+// HMC_CREDIT_WAIT stays unset unless `credit_wait` is given.
+std::map<std::string, std::string> over(const std::string& provider, const std::string& window,
+                                        const std::string& credit_wait = "") {
+  std::map<std::string, std::string> env = {{"HMC_PROVIDERS", "cpu," + provider}, {"HMC_TIMEOUT", "30s"},
+                                            {"HMC_EAGER_LIMIT", "4K"}, {"HMC_EAGER_WINDOW", window}};
+  if (!credit_wait.empty()) env["HMC_CREDIT_WAIT"] = credit_wait;
+  return env;
 }
 
 // Rank 0 sends `count` messages of `bytes` (tag kDataTag, message k seeded with k + seed)
@@ -114,17 +118,22 @@ TEST_CASE("HMC_EAGER_WINDOW=0 lets eager sends run ahead without bound and a sma
 
 // Unset, the window is 256 KiB between ranks of one host and 1 MiB between hosts (two
 // "hosts" by HMC_HOST_ID, over tcp), each raised to four messages of the 64 KiB default
-// eager limit; set, it holds for both. Across hosts, a 1 MiB window's worth of 16000 B
-// sends completes before the receiver posts anything.
-TEST_CASE("the eager window defaults by pair class unless HMC_EAGER_WINDOW is set", "[p2p][flow]") {
+// eager limit, and the credit wait 0 and 200 us; set, each holds for both. Across hosts, a
+// 1 MiB window's worth of 16000 B sends completes before the receiver posts anything.
+TEST_CASE("the eager window and credit wait default by pair class unless set", "[p2p][flow]") {
   for (const bool two_hosts : {false, true}) {
-    for (const bool user_window : {false, true}) {
-      DYNAMIC_SECTION((two_hosts ? "two hosts" : "one host") << (user_window ? ", HMC_EAGER_WINDOW=512K" : "")) {
+    for (const bool user_set : {false, true}) {
+      DYNAMIC_SECTION((two_hosts ? "two hosts" : "one host") << (user_set ? ", HMC_EAGER_WINDOW=512K HMC_CREDIT_WAIT=3ms" : "")) {
         std::map<std::string, std::string> env = {{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", "30s"}};
         if (two_hosts) env["HMC_HOST_ID"] = "host{rank}";
-        if (user_window) env["HMC_EAGER_WINDOW"] = "512K";
-        const std::size_t want = user_window ? 512u << 10 : two_hosts ? 1u << 20 : 4 * ((64u << 10) + kHeader);
-        auto exits = test::run_ranks(2, env, [want](RankEnv& e) {
+        if (user_set) env["HMC_EAGER_WINDOW"] = "512K";
+        if (user_set) env["HMC_CREDIT_WAIT"] = "3ms";
+        const std::size_t want = user_set ? 512u << 10 : two_hosts ? 1u << 20 : 4 * ((64u << 10) + kHeader);
+        const int64_t want_wait_us = user_set ? 3000 : two_hosts ? 200 : 0;
+        auto exits = test::run_ranks(2, env, [want, want_wait_us](RankEnv& e) {
+          const int64_t wait_us = e.comm.path(1 - e.rank).credit_wait.count();
+          HMC_EXPECT(wait_us == want_wait_us, "credit wait " + std::to_string(wait_us) + " us, expected " +
+                                                  std::to_string(want_wait_us));
           constexpr std::size_t kBytes = 16000;
           const int fit = static_cast<int>(want / (kBytes + kHeader));
           return window_holds(e, want, kBytes, fit + 1, fit, 400);
@@ -171,4 +180,110 @@ TEST_CASE("eager and rendezvous messages interleaved by the window keep their or
       REQUIRE(test::all_ok(exits));
     }
   }
+}
+
+// With a long HMC_CREDIT_WAIT, the send past the window waits for credit: once the receiver
+// has taken the window's messages (the barrier tells it the send is waiting), that send
+// goes eagerly and completes before its own receive is posted. With HMC_CREDIT_WAIT=0 it
+// went by rendezvous at once and waits for its receive.
+TEST_CASE("a send short of eager credit goes eagerly once the credit comes back", "[p2p][flow]") {
+  for (const auto& provider : test::available_net_providers()) {
+    for (const std::string wait : {"20s", "0"}) {
+      DYNAMIC_SECTION(provider << ", HMC_CREDIT_WAIT=" << wait) {
+        auto exits = test::run_ranks(2, over(provider, "32K", wait), [wait](RankEnv& e) {
+          constexpr std::size_t kBytes = 2000;
+          const int fit = static_cast<int>(32768 / (kBytes + kHeader));
+          if (e.rank == 1) {
+            HMC_EXPECT_OK(e.comm.barrier());  // rank 0's last send waits
+            for (int k = 0; k < fit; ++k) {
+              std::vector<uint8_t> got(kBytes);
+              HMC_EXPECT_OK(e.comm.recv(got.data(), kBytes, 0, kDataTag));
+              HMC_EXPECT(got == test::random_bytes(kBytes, 500 + k), "message " + std::to_string(k) + " differs");
+            }
+            HMC_EXPECT_OK(e.comm.barrier());  // rank 0 saw how its last send ended
+            std::vector<uint8_t> last(kBytes);
+            HMC_EXPECT_OK(e.comm.recv(last.data(), kBytes, 0, kDataTag));
+            HMC_EXPECT(last == test::random_bytes(kBytes, 500 + fit), "the last message differs");
+            return 0;
+          }
+          std::vector<std::vector<uint8_t>> out;
+          std::vector<Request> sends;
+          HMC_EXPECT(sends_until_one_waits(e, fit + 1, kBytes, 500, out, sends) == fit, "the window did not hold");
+          HMC_EXPECT_OK(e.comm.barrier());
+          const Status last = sends.back().wait(std::chrono::milliseconds(wait == "0" ? 1000 : 10000));
+          if (wait == "0") HMC_EXPECT(last.code() == ErrorCode::kTimeout, "completed before its receive: " + last.to_string());
+          else HMC_EXPECT_OK(last);
+          HMC_EXPECT_OK(e.comm.barrier());
+          HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+          return 0;
+        });
+        INFO(test::describe(exits));
+        REQUIRE(test::all_ok(exits));
+      }
+    }
+  }
+}
+
+// A receiver that first waits for a message sent after the window filled, under another
+// tag, consumes nothing that would give credit back: the held send goes by rendezvous once
+// HMC_CREDIT_WAIT has passed, and the sends queued behind it keep their order.
+TEST_CASE("a send held for credit goes by rendezvous after HMC_CREDIT_WAIT and keeps its place", "[p2p][flow]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider, "32K", "100ms"), [](RankEnv& e) {
+        constexpr std::size_t kBytes = 2000;
+        constexpr uint64_t kOtherTag = 9;
+        const int fit = static_cast<int>(32768 / (kBytes + kHeader)), after = 3;
+        if (e.rank == 1) {
+          std::vector<uint8_t> got(kBytes);
+          HMC_EXPECT_OK(e.comm.recv(got.data(), kBytes, 0, kOtherTag));
+          HMC_EXPECT(got == test::random_bytes(kBytes, 9999), "the held message differs");
+          for (int k = 0; k < fit + after; ++k) {
+            HMC_EXPECT_OK(e.comm.recv(got.data(), kBytes, 0, kDataTag));
+            HMC_EXPECT(got == test::random_bytes(kBytes, 700 + k), "message " + std::to_string(k) + " differs");
+          }
+          return 0;
+        }
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<Request> sends;
+        auto send = [&](uint64_t tag, uint64_t seed) {
+          out.push_back(test::random_bytes(kBytes, seed));
+          sends.push_back(e.comm.isend(out.back().data(), kBytes, 1, tag));
+        };
+        for (int k = 0; k < fit; ++k) send(kDataTag, 700 + k);
+        send(kOtherTag, 9999);
+        for (int k = fit; k < fit + after; ++k) send(kDataTag, 700 + k);
+        HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+// A send waiting for credit ends with the communicator: abort fails it at once.
+TEST_CASE("abort fails a send that waits for eager credit", "[p2p][flow]") {
+  auto exits = test::run_ranks(2, over("tcp", "32K", "60s"), [](RankEnv& e) {
+    constexpr std::size_t kBytes = 2000;
+    const int fit = static_cast<int>(32768 / (kBytes + kHeader));
+    if (e.rank == 1) {
+      uint8_t none = 0;
+      Status s = e.comm.recv(&none, 1, 0, kGoTag);
+      HMC_EXPECT(s.code() == ErrorCode::kPeerLost || s.code() == ErrorCode::kAborted, s.to_string());
+      e.comm.abort();  // the job is over: no finalize with a peer gone
+      return 0;
+    }
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<Request> sends;
+    HMC_EXPECT(sends_until_one_waits(e, fit + 1, kBytes, 800, out, sends) == fit, "the window did not hold");
+    const auto t0 = std::chrono::steady_clock::now();
+    e.comm.abort();
+    const Status s = sends.back().wait(std::chrono::milliseconds(5000));
+    HMC_EXPECT(s.code() == ErrorCode::kAborted, s.to_string());
+    HMC_EXPECT(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2), "the held send outlived the abort");
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
 }

@@ -22,6 +22,7 @@ struct PairFigures {
   std::size_t eager_limit = 0;  // larger messages go by rendezvous (PathInfo::eager_limit)
   std::size_t get_limit = 0;    // rendezvous up to this size by get (PathInfo::get_limit)
   std::size_t eager_window = 0;  // eager bytes ahead of the receiver (PathInfo::eager_window)
+  int64_t credit_wait_us = 0;    // a send past the window waits this long (PathInfo::credit_wait)
 };
 
 struct MeasureOptions {

@@ -95,7 +95,8 @@ nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const
                           {"peer_host", f.peer_host}, {"from_device", f.from_device}, {"to_device", f.to_device},
                           {"device_path", f.device_path}, {"bandwidth_gbps", f.bandwidth_gbps},
                           {"latency_us", f.latency_us}, {"poll_ns", f.poll_ns}, {"eager_limit", f.eager_limit},
-                          {"get_limit", f.get_limit}, {"eager_window", f.eager_window}});
+                          {"get_limit", f.get_limit}, {"eager_window", f.eager_window},
+                          {"credit_wait_us", f.credit_wait_us}});
   return j;
 }
 
