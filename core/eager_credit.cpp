@@ -38,12 +38,14 @@ std::size_t charge(std::size_t bytes) { return bytes + sizeof(WireHeader); }
 }  // namespace
 
 // Unset, HMC_EAGER_WINDOW is 256 KiB between ranks of one host and 1 MiB between hosts,
-// whose credit takes longer to come back (docs/performance.md, "Eager flow control").
+// whose credit takes longer to come back, and at least sixteen times the pair's eager
+// limit (tcp on one host: 1 MiB); set, at least four messages of the eager limit
+// (docs/performance.md, "Eager flow control", "Waiting for credit").
 std::size_t CommImpl::eager_window_for(const Peer& p, bool same_host) const {
   constexpr std::size_t kRemoteDefault = 1 << 20;
   if (!p.net || eager_window_ == 0) return SIZE_MAX;
-  const bool chosen = same_host || ctx_.config().is_set("HMC_EAGER_WINDOW");
-  return std::max(chosen ? eager_window_ : kRemoteDefault, 4 * charge(p.path.eager_limit));
+  if (ctx_.config().is_set("HMC_EAGER_WINDOW")) return std::max(eager_window_, 4 * charge(p.path.eager_limit));
+  return std::max(same_host ? eager_window_ : kRemoteDefault, 16 * p.path.eager_limit);
 }
 
 // Unset, HMC_CREDIT_WAIT is 200 us between hosts and 0 between ranks of one host (above).

@@ -53,8 +53,9 @@ struct PathInfo {
   // received. Past it, a message up to eager_limit waits for the peer's credit (up to
   // credit_wait, later sends to the peer waiting behind it), then goes by rendezvous; so a
   // receiver that falls behind buffers at most this much from each sender.
-  // HMC_EAGER_WINDOW (unset: 256 KiB on one host, 1 MiB between hosts), at least four
-  // messages of eager_limit; SIZE_MAX: no bound (HMC_EAGER_WINDOW=0).
+  // HMC_EAGER_WINDOW (unset: 256 KiB on one host, 1 MiB between hosts, at least 16 times
+  // eager_limit; set: at least four messages of eager_limit); SIZE_MAX: no bound
+  // (HMC_EAGER_WINDOW=0).
   std::size_t eager_window = 0;
   // HMC_CREDIT_WAIT (unset: 200 us between hosts, 0 on one host: at once).
   std::chrono::microseconds credit_wait{0};

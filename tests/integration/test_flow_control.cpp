@@ -117,30 +117,39 @@ TEST_CASE("HMC_EAGER_WINDOW=0 lets eager sends run ahead without bound and a sma
 }
 
 // Unset, the window is 256 KiB between ranks of one host and 1 MiB between hosts (two
-// "hosts" by HMC_HOST_ID, over tcp), each raised to four messages of the 64 KiB default
-// eager limit, and the credit wait 0 and 200 us; set, each holds for both. Across hosts, a
-// 1 MiB window's worth of 16000 B sends completes before the receiver posts anything.
+// "hosts" by HMC_HOST_ID), and at least sixteen times the pair's eager limit: shm on one
+// host (16 KiB advised) 256 KiB, tcp on one host (64 KiB) 1 MiB; the credit wait is 0 on
+// one host and 200 us between hosts. Set, each holds for every pair. Then a window's worth
+// of 16000 B sends completes before the receiver posts anything, and the next waits.
 TEST_CASE("the eager window and credit wait default by pair class unless set", "[p2p][flow]") {
-  for (const bool two_hosts : {false, true}) {
-    for (const bool user_set : {false, true}) {
-      DYNAMIC_SECTION((two_hosts ? "two hosts" : "one host") << (user_set ? ", HMC_EAGER_WINDOW=512K HMC_CREDIT_WAIT=3ms" : "")) {
-        std::map<std::string, std::string> env = {{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", "30s"}};
-        if (two_hosts) env["HMC_HOST_ID"] = "host{rank}";
-        if (user_set) env["HMC_EAGER_WINDOW"] = "512K";
-        if (user_set) env["HMC_CREDIT_WAIT"] = "3ms";
-        const std::size_t want = user_set ? 512u << 10 : two_hosts ? 1u << 20 : 4 * ((64u << 10) + kHeader);
-        const int64_t want_wait_us = user_set ? 3000 : two_hosts ? 200 : 0;
-        auto exits = test::run_ranks(2, env, [want, want_wait_us](RankEnv& e) {
-          const int64_t wait_us = e.comm.path(1 - e.rank).credit_wait.count();
-          HMC_EXPECT(wait_us == want_wait_us, "credit wait " + std::to_string(wait_us) + " us, expected " +
-                                                  std::to_string(want_wait_us));
-          constexpr std::size_t kBytes = 16000;
-          const int fit = static_cast<int>(want / (kBytes + kHeader));
-          return window_holds(e, want, kBytes, fit + 1, fit, 400);
-        });
-        INFO(test::describe(exits));
-        REQUIRE(test::all_ok(exits));
-      }
+  struct Case {
+    const char* name;
+    std::map<std::string, std::string> env;
+    std::size_t window;
+    int64_t wait_us;
+  };
+  const std::vector<Case> cases = {
+      {"one host, shm", {}, 256u << 10, 0},
+      {"one host, tcp", {{"HMC_PATH", "tcp"}}, 1u << 20, 0},
+      {"two hosts, tcp", {{"HMC_HOST_ID", "host{rank}"}}, 1u << 20, 200},
+      {"one host, shm, set", {{"HMC_EAGER_WINDOW", "512K"}, {"HMC_CREDIT_WAIT", "3ms"}}, 512u << 10, 3000},
+      {"two hosts, tcp, set", {{"HMC_HOST_ID", "host{rank}"}, {"HMC_EAGER_WINDOW", "512K"}, {"HMC_CREDIT_WAIT", "3ms"}},
+       512u << 10, 3000},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto env = c.env;
+      env.insert({{"HMC_PROVIDERS", "cpu,shm,tcp"}, {"HMC_TIMEOUT", "30s"}});
+      auto exits = test::run_ranks(2, env, [&c](RankEnv& e) {
+        const int64_t wait_us = e.comm.path(1 - e.rank).credit_wait.count();
+        HMC_EXPECT(wait_us == c.wait_us, "credit wait " + std::to_string(wait_us) + " us, expected " +
+                                             std::to_string(c.wait_us));
+        constexpr std::size_t kBytes = 16000;
+        const int fit = static_cast<int>(c.window / (kBytes + kHeader));
+        return window_holds(e, c.window, kBytes, fit + 1, fit, 400);
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
     }
   }
 }
