@@ -118,6 +118,7 @@ Status CommImpl::setup(const UniqueId& id) {
     p.eager_credit = p.path.eager_window;
     p.path.credit_wait = credit_wait_for(same_host);
     p.path.get_limit = get_limit_for(p, same_host);
+    p.path.get_from = get_from_for(p, same_host);
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);

@@ -230,6 +230,8 @@ class CommImpl : public Progressable {
   // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
   // HMC_RNDV and the provider's advice for the pair class (0: never):
   std::size_t get_limit_for(const Peer& p, bool same_host) const;
+  // From which size it uses it again (the provider's second band; SIZE_MAX: none).
+  std::size_t get_from_for(const Peer& p, bool same_host) const;
   // Sender: registers s's buffer and packs its key for a kRtsGet; false: a plain kRts.
   bool offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey);
   // Receiver: starts the get of a kRtsGet into r's buffer (r moves to p.rndv_recvs); false

@@ -145,7 +145,8 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
   std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
-  const uint64_t flags = device ? kRtsFromDevice : bytes <= p.path.get_limit && offer_get(p, send, key) ? kRtsGet : 0;
+  const bool by_get = bytes <= p.path.get_limit || bytes >= p.path.get_from;
+  const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
 }

@@ -3,8 +3,9 @@
 // The put rendezvous (p2p.cpp) costs three control messages per transfer (RTS, CTS, FIN)
 // and leaves the copy to the sender. Where the path provider can read a peer's registered
 // memory directly and advises it for the pair class up to some size (HMC_NET_CAP_GET,
-// hmc_net_props_t::rndv_get_max_*: ucx over shared memory, 512 KiB), a send of at most that
-// size registers its buffer and sends its key with the RTS (kRtsGet); the
+// hmc_net_props_t::rndv_get_max_*: ucx over shared memory, 512 KiB; and from
+// rndv_get_from_* up, ucx 1.5 MiB), a send of such a size registers its buffer and sends
+// its key with the RTS (kRtsGet); the
 // receiver that matches it reads the data into its own buffer and answers kGetDone, which
 // ends the send: two messages, and the copy runs on the rank that consumes the data.
 //
@@ -23,6 +24,13 @@ std::size_t CommImpl::get_limit_for(const Peer& p, bool same_host) const {
   if (rndv_ == Rndv::kGet) return SIZE_MAX;
   const hmc_net_props_t& props = p.net->net_props;
   return same_host ? props.rndv_get_max_same_host : props.rndv_get_max_remote;
+}
+
+std::size_t CommImpl::get_from_for(const Peer& p, bool same_host) const {
+  if (rndv_ != Rndv::kAuto || get_limit_for(p, same_host) == 0) return SIZE_MAX;
+  const hmc_net_props_t& props = p.net->net_props;
+  const std::size_t from = same_host ? props.rndv_get_from_same_host : props.rndv_get_from_remote;
+  return from == 0 ? SIZE_MAX : from;
 }
 
 bool CommImpl::offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey) {

@@ -48,6 +48,9 @@ struct PathInfo {
   // provider's advice set it; SIZE_MAX: every size. A receive into device memory, or one
   // whose provider refuses the get, still asks for a put.
   std::size_t get_limit = 0;
+  // ... and from this size up too (SIZE_MAX: none), where the provider advises a second
+  // band; sizes between get_limit and it go by put.
+  std::size_t get_from = SIZE_MAX;
   // Eager flow control: how many bytes of eager messages (each counted with its 40-byte
   // header) this side may have sent to the peer that the peer's application has not yet
   // received. Past it, a message up to eager_limit waits for the peer's credit (up to

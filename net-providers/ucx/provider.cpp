@@ -70,8 +70,11 @@ void Provider::props(hmc_net_props_t& p) const {
   // Where shared memory carries same-host pairs, the receiver reads a rendezvous with one
   // memcpy from the sender's mapped segment (put.cpp: start_get), unless HMC_UCX_PUT=am
   // keeps every one-sided operation an active message.
+  const bool gets = eager_limit_same_host_ > 0 && put_mode_ != PutMode::kAm;
   if (p.struct_size >= offsetof(hmc_net_props_t, rndv_get_max_same_host) + sizeof(size_t))
-    p.rndv_get_max_same_host = eager_limit_same_host_ > 0 && put_mode_ != PutMode::kAm ? kShmGetLimit : 0;
+    p.rndv_get_max_same_host = gets ? kShmGetLimit : 0;
+  if (p.struct_size >= offsetof(hmc_net_props_t, rndv_get_from_same_host) + sizeof(size_t))
+    p.rndv_get_from_same_host = gets ? kShmGetFrom : 0;
 }
 
 void Provider::watch(int fd, uint64_t t, uint32_t events) {

@@ -63,9 +63,13 @@ inline constexpr size_t kMaxMessage = size_t{1} << 30;
 inline constexpr size_t kShmEagerLimit = 32 * 1024;
 // Advice for the same peers (hmc_net_props_t::rndv_get_max_same_host): the receiver gets
 // rendezvous messages up to this size. On the 2-vCPU Xeon VM, gets against puts: 64-128 KiB
-// 10-30 % faster, 256-512 KiB level, 768 KiB-1 MiB 20-30 % slower, larger level or faster
-// (docs/performance.md).
+// 10-30 % faster, 256-512 KiB level, 768 KiB-1 MiB 20-50 % slower, larger level or faster
+// (docs/performance.md, "Rendezvous by get").
 inline constexpr size_t kShmGetLimit = 512 * 1024;
+// ... and from this size up again (hmc_net_props_t::rndv_get_from_same_host): puts in
+// between keep the sender's buffer and the destination in its cache; from 1.5 MiB gets are
+// level or faster (2 MiB: 30 %), on the 2-vCPU and the 16-core Xeon VMs alike.
+inline constexpr size_t kShmGetFrom = 1536 * 1024;
 
 enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke, kPutData, kPutDone };
 

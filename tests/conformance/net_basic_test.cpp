@@ -106,6 +106,11 @@ TEST_CASE("net: init refuses malformed parameters and props are sane", "[net][in
     // Advice, where given, names a message size the provider carries.
     CHECK(props.eager_limit_same_host <= props.max_msg_size);
     CHECK(props.eager_limit_remote <= props.max_msg_size);
+    // A second band of get advice starts above the first, which it needs.
+    if (props.rndv_get_from_same_host != 0) CHECK(props.rndv_get_from_same_host > props.rndv_get_max_same_host);
+    if (props.rndv_get_from_same_host != 0) CHECK(props.rndv_get_max_same_host != 0);
+    if (props.rndv_get_from_remote != 0) CHECK(props.rndv_get_from_remote > props.rndv_get_max_remote);
+    if (props.rndv_get_from_remote != 0) CHECK(props.rndv_get_max_remote != 0);
     // Withdrawn capabilities are the table's own, and never its messages.
     CHECK((props.caps_absent & ~s.p->caps) == 0);
     CHECK_FALSE(props.caps_absent & HMC_NET_CAP_MSG);

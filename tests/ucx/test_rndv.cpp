@@ -49,7 +49,8 @@ int round_trip(RankEnv& e, uint8_t* src, uint8_t* dst, std::size_t bytes, uint64
 // receive completes while rank 0, having posted its send, stays out of HMC until rank 1
 // says so through memory the two processes share. Up to the pair's get limit the receive
 // completes so; one byte more goes by put, and the same receive times out until rank 0
-// comes back (as every size would with HMC_RNDV=put or the get disabled).
+// comes back (as every size would with HMC_RNDV=put or the get disabled); from the second
+// band's start (get_from) up, gets again.
 TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the sender's help", "[ucx][rndv]") {
   if (ucx_missing()) return;
   auto* flag = static_cast<std::atomic<int>*>(
@@ -58,13 +59,14 @@ TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the se
   flag->store(0);
   auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
     const int peer = 1 - e.rank;
-    const std::size_t limit = e.comm.path(peer).get_limit;
+    const std::size_t limit = e.comm.path(peer).get_limit, from = e.comm.path(peer).get_from;
     HMC_EXPECT(limit >= (64u << 10) && limit < SIZE_MAX, "get limit " + std::to_string(limit));
-    const std::size_t sizes[] = {64 << 10, limit / 2 + 3, limit, limit + 1};
+    HMC_EXPECT(from > limit + 1 && from < SIZE_MAX, "gets from " + std::to_string(from));
+    const std::size_t sizes[] = {64 << 10, limit / 2 + 3, limit, limit + 1, from - 1, from, from + 4099};
     int round = 0;
     for (std::size_t bytes : sizes) {
       ++round;
-      const bool by_get = bytes <= limit;
+      const bool by_get = bytes <= limit || bytes >= from;
       auto mem = e.ctx.alloc({"cpu", 0}, bytes);  // with ucx the only net provider: its mem_alloc
       HMC_EXPECT_OK(mem.status());
       auto* buf = static_cast<uint8_t*>(mem->data());

@@ -21,6 +21,7 @@ struct PairFigures {
   double poll_ns = 0;         // one Request::test on `from` that finds nothing done
   std::size_t eager_limit = 0;  // larger messages go by rendezvous (PathInfo::eager_limit)
   std::size_t get_limit = 0;    // rendezvous up to this size by get (PathInfo::get_limit)
+  std::size_t get_from = SIZE_MAX;  // and from this size up (PathInfo::get_from)
   std::size_t eager_window = 0;  // eager bytes ahead of the receiver (PathInfo::eager_window)
   int64_t credit_wait_us = 0;    // a send past the window waits this long (PathInfo::credit_wait)
 };

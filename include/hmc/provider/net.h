@@ -81,6 +81,12 @@ typedef struct hmc_net_props {
    * (HMC_RNDV); SIZE_MAX: gets at every size. */
   size_t rndv_get_max_same_host;
   size_t rndv_get_max_remote;
+  /* Appended to ABI v1. A second band of that advice: rendezvous messages of at
+   * least this size go by get as well, those between rndv_get_max_* and it by
+   * put (a put can keep both buffers in the sender's cache there). 0: no second
+   * band. Read only where rndv_get_max_* of the same pair class is not 0. */
+  size_t rndv_get_from_same_host;
+  size_t rndv_get_from_remote;
 } hmc_net_props_t;
 
 /* The size of hmc_net_props_t before anything was appended to it. */
