@@ -5,9 +5,9 @@
 // memory directly and advises it for the pair class up to some size (HMC_NET_CAP_GET,
 // hmc_net_props_t::rndv_get_max_*: ucx over shared memory, 512 KiB; and from
 // rndv_get_from_* up, ucx 1.5 MiB), a send of such a size registers its buffer and sends
-// its key with the RTS (kRtsGet); the
-// receiver that matches it reads the data into its own buffer and answers kGetDone, which
-// ends the send: two messages, and the copy runs on the rank that consumes the data.
+// its key with the RTS (kRtsGet); the receiver that matches it reads the data into its own
+// buffer and answers kGetDone, which ends the send: two messages, and the copy runs on the
+// rank that consumes the data.
 //
 // A receiver that cannot get (device memory, HMC_RNDV=put on its side, a provider that
 // refuses the key) answers with a CTS as to any RTS, and the sender puts. A get that fails
