@@ -226,6 +226,7 @@ class CommImpl : public Progressable {
   // Sender: whether a send must wait in p.held (one waits already, or it is eager-sized and
   // short of credit), and starting the held sends whose credit came or whose wait ended.
   bool must_hold(const Peer& p, std::size_t bytes, bool device) const;
+  bool short_of_credit(const Peer& p, std::size_t bytes, bool device) const;  // eager-sized, window full
   bool release_held(Peer& p);
   // Receiver-driven rendezvous (rndv_get.cpp). Up to which size p uses it for sends, from
   // HMC_RNDV and the provider's advice for the pair class (0: never):

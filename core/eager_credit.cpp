@@ -84,9 +84,12 @@ void CommImpl::on_credit(Peer& p, uint64_t bytes) {
   release_held(p);
 }
 
+bool CommImpl::short_of_credit(const Peer& p, std::size_t bytes, bool device) const {
+  return eager_sized(p, bytes, device) && !eager_fits(p, bytes);
+}
+
 bool CommImpl::must_hold(const Peer& p, std::size_t bytes, bool device) const {
-  if (!p.held.empty()) return true;
-  return p.path.credit_wait.count() > 0 && eager_sized(p, bytes, device) && !eager_fits(p, bytes);
+  return !p.held.empty() || (p.path.credit_wait.count() > 0 && short_of_credit(p, bytes, device));
 }
 
 bool CommImpl::release_held(Peer& p) {
@@ -97,7 +100,7 @@ bool CommImpl::release_held(Peer& p) {
   // A send that starts may lose the peer, which fails and clears p.held (fail_pending).
   while (!p.held.empty()) {
     const HeldSend& h = p.held.front();
-    if (eager_sized(p, h.bytes, h.device) && !eager_fits(p, h.bytes) && now < h.until) break;
+    if (short_of_credit(p, h.bytes, h.device) && now < h.until) break;
     HeldSend s = std::move(p.held.front());
     p.held.pop_front();
     start_send(p, s.op, s.buf, s.bytes, s.tag, s.device);
