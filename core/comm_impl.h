@@ -7,6 +7,9 @@
 //     data and sends FIN; FIN arrives after the data is visible (the ABI's ordering);
 //   - or, where the path provider can get and HMC_RNDV allows it (rndv_get.cpp): RTS with
 //     the sender's registered buffer's rkey -> receiver gets the data -> GET_DONE;
+//   - or, on one host from HMC_RNDV_SPLIT up, both (rndv_split.cpp): RTS with the sender's
+//     key -> CTS with the receiver's -> the sender puts the first half while the receiver
+//     gets the second -> FIN and GET_DONE: both ranks copy at once;
 //   - eager messages are flow-controlled (eager_credit.cpp): past the pair's eager
 //     window of bytes its receiver has not consumed yet, a small message waits for the
 //     receiver's credit (up to HMC_CREDIT_WAIT), then goes by rendezvous.
@@ -87,6 +90,10 @@ class CommImpl : public Progressable {
     bool device = false;       // buf is device memory: stage or write through IPC
     uint8_t* staged = nullptr; // pinned host copy while a staged put is in flight
     Reg reg{};                 // buf, registered for the receiver to get (kRtsGet)
+    // A split send (kCtsSplit): its parts still to end (the head's put, its FIN, the
+    // receiver's kGetDone) and what ends one; null otherwise.
+    std::shared_ptr<int> split_parts{};
+    std::function<void(const Status&)> split_done{};
   };
   // A send waiting for eager credit (eager_credit.cpp), or queued behind one.
   struct HeldSend {
@@ -113,6 +120,8 @@ class CommImpl : public Progressable {
     bool fin = false;          // kFin came while copies ran: finish when they end
     uint64_t fin_size = 0;
     Status error{};            // a part's copy failed
+    int parts = 0;             // a split receive: its parts still to end (the head's FIN, its get)
+    std::vector<uint8_t> key{};  // a split receive: buf's key, for a CTS should its get fail
   };
   struct RegCacheEntry {
     LoadedProvider* net;
@@ -239,6 +248,11 @@ class CommImpl : public Progressable {
   // when it cannot (r untouched): the caller answers with a CTS instead.
   bool start_get(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t* key, std::size_t key_len);
   void on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s);
+  // Split rendezvous (rndv_split.cpp): from which size p uses it (SIZE_MAX: never); the
+  // receiver's start (false when it cannot: r untouched) and the sender's answer to its CTS.
+  std::size_t split_from_for(const Peer& p, bool same_host) const;
+  bool start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t* key, std::size_t key_len);
+  void on_split_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
   void on_get_done(Peer& p, const WireHeader& h);
   // Takes the send `id` out of p.rndv_sends (its buffer's registration released); nullopt if gone.
   std::optional<SendOp> take_send(Peer& p, uint64_t id);
@@ -277,7 +291,8 @@ class CommImpl : public Progressable {
   std::size_t eager_window_ = 256 << 10;  // HMC_EAGER_WINDOW; 0: unbounded
   std::chrono::microseconds credit_wait_{};  // HMC_CREDIT_WAIT
   std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
-  enum class Rndv { kAuto, kPut, kGet } rndv_ = Rndv::kAuto;  // HMC_RNDV
+  enum class Rndv { kAuto, kPut, kGet, kSplit } rndv_ = Rndv::kAuto;  // HMC_RNDV
+  std::size_t split_min_ = 0;  // HMC_RNDV_SPLIT; 0: never
   // Staging buffers of receives that ended while chunk copies still read them: how many
   // copies each waits for before it is released.
   std::unordered_map<uint8_t*, int> draining_;

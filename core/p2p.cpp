@@ -145,7 +145,7 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
   std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
-  const bool by_get = bytes <= p.path.get_limit || bytes >= p.path.get_from;
+  const bool by_get = bytes <= p.path.get_limit || bytes >= std::min(p.path.get_from, p.path.split_from);
   const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
@@ -198,7 +198,10 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     r.op->fail(std::move(why));
   };
   if (size != r.bytes) return refuse({ErrorCode::kMismatch, mismatch_text(r.bytes, size, p.rank, r.tag)});
-  if ((rts_flags & kRtsGet) && start_get(p, r, sender_id, key, key_len)) return;
+  if ((rts_flags & kRtsGet) && start_split(p, r, sender_id, key, key_len)) return;
+  // A size the sender offered only for a split goes by put where this side cannot split.
+  const bool get_band = size <= p.path.get_limit || size >= p.path.get_from;
+  if ((rts_flags & kRtsGet) && get_band && start_get(p, r, sender_id, key, key_len)) return;
   if (auto offer = ipc_offer(p, r, rts_flags)) {
     r.offered_ipc = true;
     std::vector<uint8_t> wire = encode_offer(*offer);
@@ -307,16 +310,23 @@ void CommImpl::flush_reg_cache(bool all) {
 }
 
 void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len) {
+  if (h.tag & kCtsSplit) return on_split_cts(p, h, rkey, rkey_len);
   std::optional<SendOp> taken = take_send(p, h.id);
   if (!taken) return;
   const SendOp& s = *taken;
   if (s.device || (h.tag & kCtsStaged)) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
-  // Two parts: the put and the FIN behind it; the send is done when both are.
-  auto parts = std::make_shared<int>(2);
-  auto part_done = [op = s.op, parts, bytes = s.bytes](const Status& st) {
-    if (!st.ok()) op->fail(st);
-    if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
-  };
+  // Two parts: the put and the FIN behind it; the send is done when both are. A split send
+  // whose receiver could not get its half asks for all of it: these two parts take the
+  // place of the kGetDone that will not come, besides the head's put and FIN.
+  std::function<void(const Status&)> part_done = s.split_done;
+  if (s.split_parts) {
+    ++*s.split_parts;
+  } else {
+    part_done = [op = s.op, parts = std::make_shared<int>(2), bytes = s.bytes](const Status& st) {
+      if (!st.ok()) op->fail(st);
+      if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
+    };
+  }
   void* req = nullptr;
   int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
   // A put refused at once moved nothing: a FIN would end the receive on stale bytes.
@@ -434,6 +444,10 @@ void CommImpl::finish_rndv_recv(Peer& p, uint64_t id, uint64_t size) {
   auto it = p.rndv_recvs.find(id);
   if (it == p.rndv_recvs.end()) return;
   RecvOp& r = it->second;
+  if (r.parts > 0) {  // a split receive: the FIN of the sender's part
+    if (--r.parts > 0) return;  // the get of the rest (or a put in its place) still runs
+    size = r.bytes;
+  }
   if (r.copies > 0) {  // staged chunks still on their way to the device
     r.fin = true;
     r.fin_size = size;
@@ -496,6 +510,10 @@ void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* paylo
   std::string why(payload, payload + len);
   if (h.aux != 0) {  // the sender failed: so does this receive
     Status failed{static_cast<ErrorCode>(h.aux), "rank " + std::to_string(p.rank) + " could not send: " + why};
+    if (RecvOp& r = it->second; r.getting) {  // a split receive's get still writes: fail when it ends (on_got)
+      if (r.error.ok()) r.error = failed;
+      return;
+    }
     if (RecvOp& r = it->second; r.copies > 0) {  // fail once the chunks that came are copied
       if (r.error.ok()) r.error = failed;
       r.fin = true;

@@ -63,14 +63,22 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
   r.getting = false;
   if (s.ok() && r.error.ok()) {
     post_msg(p, MsgType::kGetDone, 0, sender_id, r.bytes, 0, nullptr, 0, nullptr);
+    if (r.parts > 0 && --r.parts > 0) return;  // split: the FIN of the sender's part is still to come
+    release_recv(p, r);
     r.op->complete(r.bytes);
     p.rndv_recvs.erase(it);
     return;
   }
   const bool lost = !r.error.ok() || s.code() == ErrorCode::kPeerLost || s.code() == ErrorCode::kAborted;
   if (lost) {
+    release_recv(p, r);
     r.op->fail(r.error.ok() ? s : r.error);
     p.rndv_recvs.erase(it);
+    return;
+  }
+  if (r.parts > 0) {  // split: the sender puts the rest too; its FIN takes this part's place
+    HMC_LOG("core", debug, "get from {} failed ({}); asking for a put of all of it", describe(p), s.message());
+    post_msg(p, MsgType::kCts, 0, sender_id, r.bytes, id, r.key.data(), r.key.size(), nullptr);
     return;
   }
   // The provider could not read the sender's buffer: ask for a put, as to a plain RTS.
@@ -82,7 +90,10 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
 }
 
 void CommImpl::on_get_done(Peer& p, const WireHeader& h) {
-  if (auto s = take_send(p, h.id)) s->op->complete(s->bytes);
+  auto s = take_send(p, h.id);
+  if (!s) return;
+  if (s->split_done) s->split_done({});  // the head's put and FIN may still run
+  else s->op->complete(s->bytes);
 }
 
 std::optional<CommImpl::SendOp> CommImpl::take_send(Peer& p, uint64_t id) {

@@ -33,6 +33,10 @@ inline constexpr uint64_t kRtsGet = 2;
 // kCts tag bit: the receiver stages the bytes on their way to device memory, so the sender
 // puts them in chunks, each followed by kChunk, for the receiver's copies to overlap.
 inline constexpr uint64_t kCtsStaged = 1;
+// kCts tag bit, answering a kRtsGet (rndv_split.cpp): the receiver gets the bytes from `size`
+// on itself while the sender puts only [0, size) and answers kFin for that part; the send
+// ends once both its put and the receiver's kGetDone did.
+inline constexpr uint64_t kCtsSplit = 2;
 
 struct WireHeader {
   uint32_t magic;

@@ -9,8 +9,8 @@
 #   4. HMC_HOST_ID=h{rank}: each local rank gets its own host id, so shm is ruled out
 #      and the pair goes over a network provider.
 #   5. --put over ucx with UCX_TLS=shm: the matrix measures puts, names ucx and the
-#      pair's eager limit (32K, ucx's advice over shared memory), with a bandwidth;
-#      --put with device buffers is refused.
+#      pair's eager limit (32K, ucx's advice over shared memory), with a bandwidth, its
+#      get bands and split rendezvous from 128K; --put with device buffers is refused.
 #   6. --memory malloc: heap buffers still give a shm row with a bandwidth; an unknown
 #      kind is refused.
 #   7. --lat-poll over ucx: the matrix says its latency was polled, and gives one,
@@ -55,6 +55,7 @@ if grep -Eq '^ +[01] +[01] +cpu:0 +cpu:0 +shm ' "$scratch/hosts"; then echo "FAI
 UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/put" "$probe" --local 2 --timeout 60 -b 1M -n 20 --put
 check "--put: the matrix measures puts" 'bandwidth one way with 1 MiB puts' "$scratch/put"
 check "--put: 0->1 over ucx, eager limit 32K, a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +ucx +'"$positive"' +[0-9.]+ +[0-9]+ +32K ' "$scratch/put"
+check "--put: gets up to 512K and from 1536K, split from 128K" ' ucx .* 32K +512K,1536K\+ +128K\+ ' "$scratch/put"
 if timeout 60 "$probe" --local 2 --put -g cuda > "$scratch/put-dev" 2>&1; then
   echo "FAILED: --put with device buffers was accepted"; cat "$scratch/put-dev"; fail=1
 fi

@@ -222,7 +222,8 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
         const bool host = from.starts_with("cpu") && to.starts_with("cpu");
         mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
                         host ? "" : c.path(b).device_path, bw.value(), lat.value(), poll_ns.value(), c.path(b).eager_limit,
-                        c.path(b).get_limit, c.path(b).get_from, c.path(b).eager_window, c.path(b).credit_wait.count()});
+                        c.path(b).get_limit, c.path(b).get_from, c.path(b).eager_window, c.path(b).credit_wait.count(),
+                        c.path(b).split_from});
       }
     }
   }
@@ -232,12 +233,12 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                     {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
                     {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"poll", f.poll_ns}, {"eager", f.eager_limit},
-                    {"get", f.get_limit}, {"gfrom", f.get_from}, {"win", f.eager_window}, {"cw", f.credit_wait_us}});
+                    {"get", f.get_limit}, {"gfrom", f.get_from}, {"win", f.eager_window}, {"cw", f.credit_wait_us}, {"split", f.split_from}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
       all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"],
-                     r["poll"], r["eager"], r["get"], r["gfrom"], r["win"], r["cw"]});
+                     r["poll"], r["eager"], r["get"], r["gfrom"], r["win"], r["cw"], r["split"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

@@ -24,6 +24,7 @@ struct PairFigures {
   std::size_t get_from = SIZE_MAX;  // and from this size up (PathInfo::get_from)
   std::size_t eager_window = 0;  // eager bytes ahead of the receiver (PathInfo::eager_window)
   int64_t credit_wait_us = 0;    // a send past the window waits this long (PathInfo::credit_wait)
+  std::size_t split_from = SIZE_MAX;  // rendezvous from this size up split (PathInfo::split_from)
 };
 
 struct MeasureOptions {

@@ -1,0 +1,191 @@
+// The split rendezvous over ucx (core/rndv_split.cpp): between ranks of one host, from
+// HMC_RNDV_SPLIT up, the sender puts the first half of a message while the receiver gets
+// the second; where the receiver's get is refused, the sender puts all of it.
+#include <sys/mman.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+#include "harness.h"
+#include "multiprocess.h"
+
+using namespace hmc;
+using hmc::test::RankEnv;
+using ucx_test::ucx_missing;
+
+namespace {
+
+std::map<std::string, std::string> over_ucx(const std::string& tls) {
+  return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
+}
+
+std::size_t head_of(std::size_t bytes) { return (bytes / 2) & ~std::size_t{63}; }
+
+// Waits up to 10 s for *flag to reach `round`.
+bool await(const std::atomic<int>* flag, int round) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (flag->load() < round && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return flag->load() >= round;
+}
+
+}  // namespace
+
+// Rank 0 posts its send and stays out of HMC. Rank 1's receive cannot end without rank 0's
+// half, but its own half arrives meanwhile: after a second the buffer holds the message's
+// second half and still the fill in its first. Then rank 0 comes back and both end with the
+// whole message. Below the split size the receiver gets all of it alone; the RTS reaching
+// rank 1 before its receive (the unexpected path) splits the same way.
+TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender is away", "[ucx][rndv][split]") {
+  if (ucx_missing()) return;
+  auto* flag = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(flag != MAP_FAILED);
+  flag->store(0);
+  auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    const std::size_t from = e.comm.path(peer).split_from;
+    HMC_EXPECT(from == (128u << 10), "split from " + std::to_string(from));
+    HMC_EXPECT(e.comm.path(peer).get_limit > from, "get limit " + std::to_string(e.comm.path(peer).get_limit));
+    struct Case { std::size_t bytes; bool unexpected; };
+    const Case cases[] = {{from - 1, false}, {from, false}, {(1u << 20) + 3, false}, {(4u << 20) + 5, true}};
+    int round = 0;
+    for (auto [bytes, unexpected] : cases) {
+      const bool split = bytes >= from;
+      auto mem = e.ctx.alloc({"cpu", 0}, bytes);
+      HMC_EXPECT_OK(mem.status());
+      auto* buf = static_cast<uint8_t*>(mem->data());
+      const auto payload = test::random_bytes(bytes, 90 + round);
+      const std::string what = std::to_string(bytes) + "-byte message" + (unexpected ? " (unexpected)" : "");
+      ++round;
+      if (e.rank == 0) {
+        std::memcpy(buf, payload.data(), bytes);
+        Request s = e.comm.isend(buf, bytes, peer, 40);
+        uint8_t one = 1;
+        if (unexpected) HMC_EXPECT_OK(e.comm.send(&one, 1, peer, 41));  // behind the RTS
+        HMC_EXPECT(await(flag, round), "rank 1 did not look at the " + what + " while rank 0 was away");
+        HMC_EXPECT_OK(s.wait());
+      } else {
+        std::memset(buf, 0xA5, bytes);
+        uint8_t one = 0;
+        if (unexpected) HMC_EXPECT_OK(e.comm.recv(&one, 1, peer, 41));  // the RTS came first: it waits unmatched
+        Request r = e.comm.irecv(buf, bytes, peer, 40);
+        if (split) {
+          Status alone = r.wait(std::chrono::seconds(1));
+          HMC_EXPECT(alone.code() == ErrorCode::kTimeout, "a split " + what + " ended without the sender: " + alone.to_string());
+          const std::size_t head = head_of(bytes);
+          HMC_EXPECT(std::memcmp(buf + head, payload.data() + head, bytes - head) == 0,
+                     "the receiver's half of the " + what + " did not arrive while the sender was away");
+          HMC_EXPECT(std::all_of(buf, buf + head, [](uint8_t b) { return b == 0xA5; }),
+                     "the sender's half of the " + what + " arrived while the sender was away");
+        } else {
+          HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+        }
+        flag->store(round);
+        HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+        HMC_EXPECT(r.bytes() == bytes, what + ": " + std::to_string(r.bytes()) + " bytes reported");
+        HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in the " + what);
+      }
+    }
+    return 0;
+  });
+  munmap(flag, sizeof(std::atomic<int>));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+// Many split messages in flight both ways at once, under tags taken out of order, and the
+// buffers reused: each arrives whole, in its own receive.
+TEST_CASE("ucx: split rendezvous in flight both ways keep their bytes", "[ucx][rndv][split]") {
+  if (ucx_missing()) return;
+  auto exits = test::run_ranks(2, over_ucx("shm"), [](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    constexpr int kMsgs = 6;
+    const std::size_t bytes = (256u << 10) + 64 * 3 + 5;
+    auto out = e.ctx.alloc({"cpu", 0}, bytes * kMsgs);
+    auto in = e.ctx.alloc({"cpu", 0}, bytes * kMsgs);
+    HMC_EXPECT_OK(out.status());
+    HMC_EXPECT_OK(in.status());
+    auto* src = static_cast<uint8_t*>(out->data());
+    auto* dst = static_cast<uint8_t*>(in->data());
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::vector<uint8_t>> mine, theirs;
+      std::vector<Request> reqs;
+      std::memset(dst, 0, bytes * kMsgs);
+      for (int i = 0; i < kMsgs; ++i) {
+        mine.push_back(test::random_bytes(bytes, 1000 * round + 10 * e.rank + i));
+        theirs.push_back(test::random_bytes(bytes, 1000 * round + 10 * peer + i));
+        std::memcpy(src + i * bytes, mine.back().data(), bytes);
+      }
+      for (int i = kMsgs - 1; i >= 0; --i) reqs.push_back(e.comm.irecv(dst + i * bytes, bytes, peer, 50 + i));
+      for (int i = 0; i < kMsgs; ++i) reqs.push_back(e.comm.isend(src + i * bytes, bytes, peer, 50 + i));
+      HMC_EXPECT_OK(wait_all(reqs.data(), reqs.size()));
+      for (int i = 0; i < kMsgs; ++i)
+        HMC_EXPECT(std::memcmp(dst + i * bytes, theirs[i].data(), bytes) == 0,
+                   "message " + std::to_string(i) + " of round " + std::to_string(round) + " arrived wrong");
+    }
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+// HMC_RNDV=split splits every rendezvous the provider can get. Where UCX cannot read the
+// sender's buffer directly (heap memory over shared memory; tcp; HMC_UCX_PUT=am) the
+// receiver's get is refused after the head's put began, it asks for all of it, and the
+// message still arrives whole; a send waits for both of its puts.
+TEST_CASE("ucx: a split whose get is refused falls back to a put of the whole message", "[ucx][rndv][split]") {
+  if (ucx_missing()) return;
+  struct Run { const char* tls; const char* put; bool heap; };
+  for (const Run run : {Run{"shm", "auto", true}, Run{"shm", "am", false}, Run{"tcp", "auto", false}}) {
+    DYNAMIC_SECTION(run.tls << ", HMC_UCX_PUT=" << run.put << (run.heap ? ", heap buffers" : ", Context::alloc")) {
+      auto settings = over_ucx(run.tls);
+      settings["HMC_RNDV"] = "split";
+      settings["HMC_UCX_PUT"] = run.put;
+      auto exits = test::run_ranks(2, settings, [run](RankEnv& e) {
+        const int peer = 1 - e.rank;
+        HMC_EXPECT(e.comm.path(peer).split_from == 0, "HMC_RNDV=split not taken");
+        for (std::size_t bytes : {std::size_t{200} << 10, (std::size_t{2} << 20) + 7}) {
+          std::vector<uint8_t> heap_src, heap_dst;
+          Memory src_mem, dst_mem;
+          uint8_t *src, *dst;
+          if (run.heap) {
+            heap_src.resize(bytes);
+            heap_dst.resize(bytes);
+            src = heap_src.data();
+            dst = heap_dst.data();
+          } else {
+            auto a = e.ctx.alloc({"cpu", 0}, bytes);
+            auto b = e.ctx.alloc({"cpu", 0}, bytes);
+            HMC_EXPECT_OK(a.status());
+            HMC_EXPECT_OK(b.status());
+            src_mem = std::move(a.value());
+            dst_mem = std::move(b.value());
+            src = static_cast<uint8_t*>(src_mem.data());
+            dst = static_cast<uint8_t*>(dst_mem.data());
+          }
+          for (int i = 0; i < 3; ++i) {  // the first refusal comes after the key's check, later ones at once
+            const auto payload = test::random_bytes(bytes, bytes + i);
+            std::memset(dst, 0xA5, bytes);
+            if (e.rank == 0) {
+              std::memcpy(src, payload.data(), bytes);
+              HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 60));
+              HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 61));
+            } else {
+              HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 60));
+              std::memcpy(src, dst, bytes);
+              HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 61));
+            }
+            HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte message");
+          }
+        }
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
