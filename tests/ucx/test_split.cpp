@@ -1,8 +1,11 @@
 // The split rendezvous over ucx (core/rndv_split.cpp): between ranks of one host, from
 // HMC_RNDV_SPLIT up, the sender puts the first half of a message while the receiver gets
 // the second; where the receiver's get is refused, the sender puts all of it.
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -186,6 +189,53 @@ TEST_CASE("ucx: a split whose get is refused falls back to a put of the whole me
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+// A rank killed while a split message is under way, as sender or as receiver: the rank
+// left fails its operation with peer lost within the deadline, or (where the copy beat the
+// kill) completes with every byte, and the loss shows on its next receive.
+TEST_CASE("ucx: a peer killed mid-split fails the survivor's operation", "[ucx][rndv][split][peer-lost]") {
+  if (ucx_missing()) return;
+  for (const int victim_sends : {1, 0}) {
+    DYNAMIC_SECTION((victim_sends ? "the sender dies" : "the receiver dies")) {
+      auto settings = over_ucx("shm");
+      settings["HMC_TIMEOUT"] = "20s";
+      auto exits = test::run_ranks(2, settings, [victim_sends](RankEnv& e) {
+        const std::size_t bytes = 128u << 20;
+        auto mem = e.ctx.alloc({"cpu", 0}, bytes);
+        HMC_EXPECT_OK(mem.status());
+        auto* buf = static_cast<uint8_t*>(mem->data());
+        std::memset(buf, e.rank == 1 ? 3 : 0, bytes);
+        HMC_EXPECT(e.comm.path(1 - e.rank).split_from <= bytes, "not split");
+        HMC_EXPECT_OK(e.comm.barrier());
+        if (e.rank == 1) {  // the victim: killed from another thread while it copies its half, mostly
+          Request r = victim_sends ? e.comm.isend(buf, bytes, 0, 70) : e.comm.irecv(buf, bytes, 0, 70);
+          std::thread killer([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+            kill(getpid(), SIGKILL);
+          });
+          for (;;) r.test();
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        Status s = victim_sends ? e.comm.recv(buf, bytes, 1, 70) : e.comm.send(buf, bytes, 1, 70);
+        if (s.ok()) {
+          if (victim_sends)
+            HMC_EXPECT(std::all_of(buf, buf + bytes, [](uint8_t b) { return b == 3; }),
+                       "a receive from a sender killed mid-split completed without all its data");
+          t0 = std::chrono::steady_clock::now();
+          uint8_t one = 0;
+          s = e.comm.recv(&one, 1, 1, 71);
+        }
+        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+        HMC_EXPECT(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10), "peer loss took too long to notice");
+        e.comm.abort();
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(exits[0].exit_code == 0);
+      REQUIRE(exits[1].signal == SIGKILL);
     }
   }
 }
