@@ -18,6 +18,7 @@
 // can drive it. Lock order: CommImpl::mu_, then ProgressEngine's.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -251,6 +252,13 @@ class CommImpl : public Progressable {
   // Split rendezvous (rndv_split.cpp): from which size p uses it (SIZE_MAX: never); the
   // receiver's start (false when it cannot: r untouched) and the sender's answer to its CTS.
   std::size_t split_from_for(const Peer& p, bool same_host) const;
+  // Whether this rank has a rendezvous of that kind under way with any peer (rndv_sends or
+  // rndv_recvs): then its core has copies of its own, and HMC_RNDV=auto does not split.
+  template <class Op>
+  bool busy_with(std::map<uint64_t, Op> Peer::*what) const {
+    return rndv_ != Rndv::kSplit &&
+           std::any_of(peers_.begin(), peers_.end(), [&](const Peer& q) { return !(q.*what).empty(); });
+  }
   bool start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t* key, std::size_t key_len);
   void on_split_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::size_t rkey_len);
   void on_get_done(Peer& p, const WireHeader& h);

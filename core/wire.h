@@ -30,6 +30,9 @@ inline constexpr uint64_t kRtsFromDevice = 1;
 // kRts aux bit: the sender registered its (host) buffer and the payload is its packed key:
 // the receiver may get the data and answer kGetDone, or answer kCts as to any kRts.
 inline constexpr uint64_t kRtsGet = 2;
+// kRts aux bit, with kRtsGet: the sender has no rendezvous receive under way, so its core
+// is free to copy half of this message (kCtsSplit; rndv_split.cpp).
+inline constexpr uint64_t kRtsSplit = 4;
 // kCts tag bit: the receiver stages the bytes on their way to device memory, so the sender
 // puts them in chunks, each followed by kChunk, for the receiver's copies to overlap.
 inline constexpr uint64_t kCtsStaged = 1;

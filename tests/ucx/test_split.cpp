@@ -100,11 +100,14 @@ TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender 
   REQUIRE(test::all_ok(exits));
 }
 
-// Many split messages in flight both ways at once, under tags taken out of order, and the
-// buffers reused: each arrives whole, in its own receive.
+// Many split messages in flight both ways at once (HMC_RNDV=split: auto splits only where
+// the other side's core is free, next test), under tags taken out of order, and the buffers
+// reused: each arrives whole, in its own receive.
 TEST_CASE("ucx: split rendezvous in flight both ways keep their bytes", "[ucx][rndv][split]") {
   if (ucx_missing()) return;
-  auto exits = test::run_ranks(2, over_ucx("shm"), [](RankEnv& e) {
+  auto settings = over_ucx("shm");
+  settings["HMC_RNDV"] = "split";
+  auto exits = test::run_ranks(2, settings, [](RankEnv& e) {
     const int peer = 1 - e.rank;
     constexpr int kMsgs = 6;
     const std::size_t bytes = (256u << 10) + 64 * 3 + 5;
@@ -132,6 +135,66 @@ TEST_CASE("ucx: split rendezvous in flight both ways keep their bytes", "[ucx][r
     }
     return 0;
   });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+// A receiver with a rendezvous send of its own under way does not split: its core copies
+// already. Rank 1 has a 1 MiB send to rank 0 pending (rank 0 has not received it); rank 0
+// then sends 256 KiB and stays out of HMC: rank 1 gets that message whole by itself, as in
+// the get band without a split. Once rank 0 came back and took its message, a second 256 KiB
+// is split again (its receive waits for rank 0).
+TEST_CASE("ucx: a rank that sends a rendezvous of its own is not asked to split", "[ucx][rndv][split]") {
+  if (ucx_missing()) return;
+  auto* flag = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(flag != MAP_FAILED);
+  flag->store(0);
+  auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    const std::size_t bytes = 256u << 10, big = 1u << 20;
+    HMC_EXPECT(e.comm.path(peer).split_from <= bytes && e.comm.path(peer).get_limit >= bytes, "not in the get band");
+    auto small = e.ctx.alloc({"cpu", 0}, bytes);
+    auto large = e.ctx.alloc({"cpu", 0}, big);
+    HMC_EXPECT_OK(small.status());
+    HMC_EXPECT_OK(large.status());
+    auto* buf = static_cast<uint8_t*>(small->data());
+    auto* other = static_cast<uint8_t*>(large->data());
+    const auto payload = test::random_bytes(bytes, 123), second = test::random_bytes(bytes, 124);
+    const auto pending = test::random_bytes(big, 125);
+    if (e.rank == 0) {
+      HMC_EXPECT(await(flag, 1), "rank 1 did not start its send");
+      std::memcpy(buf, payload.data(), bytes);
+      Request s = e.comm.isend(buf, bytes, peer, 81);
+      HMC_EXPECT(await(flag, 2), "rank 1 did not receive while rank 0 was away");
+      HMC_EXPECT_OK(s.wait());
+      HMC_EXPECT_OK(e.comm.recv(other, big, peer, 80));
+      HMC_EXPECT(std::memcmp(other, pending.data(), big) == 0, "rank 1's pending message arrived wrong");
+      std::memcpy(buf, second.data(), bytes);
+      s = e.comm.isend(buf, bytes, peer, 82);
+      HMC_EXPECT(await(flag, 3), "rank 1 did not look at the second message");
+      HMC_EXPECT_OK(s.wait());
+    } else {
+      std::memcpy(other, pending.data(), big);
+      Request mine = e.comm.isend(other, big, peer, 80);  // a rendezvous under way until rank 0 receives it
+      flag->store(1);
+      std::memset(buf, 0xA5, bytes);
+      Request r = e.comm.irecv(buf, bytes, peer, 81);
+      HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+      HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "the message received while busy arrived wrong");
+      flag->store(2);
+      HMC_EXPECT_OK(mine.wait());
+      std::memset(buf, 0xA5, bytes);
+      r = e.comm.irecv(buf, bytes, peer, 82);
+      Status alone = r.wait(std::chrono::seconds(1));
+      HMC_EXPECT(alone.code() == ErrorCode::kTimeout, "with nothing else under way a 256 KiB receive was not split: " + alone.to_string());
+      flag->store(3);
+      HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
+      HMC_EXPECT(std::memcmp(buf, second.data(), bytes) == 0, "the second message arrived wrong");
+    }
+    return 0;
+  });
+  munmap(flag, sizeof(std::atomic<int>));
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
