@@ -62,11 +62,19 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
   RecvOp& r = it->second;
   r.getting = false;
   if (s.ok() && r.error.ok()) {
-    post_msg(p, MsgType::kGetDone, 0, sender_id, r.bytes, 0, nullptr, 0, nullptr);
-    if (r.parts > 0 && --r.parts > 0) return;  // split: the FIN of the sender's part is still to come
-    release_recv(p, r);
-    r.op->complete(r.bytes);
-    p.rndv_recvs.erase(it);
+    // Out of the map before the GET_DONE: a send that fails at once marks the peer lost,
+    // which fails and erases what is still there (all of this receive's bytes are here).
+    // A split receive still waiting for the FIN of the sender's part stays (RecvOp::parts).
+    const uint64_t bytes = r.bytes;
+    std::optional<RecvOp> done;
+    if (r.parts == 0 || --r.parts == 0) {
+      done = std::move(r);
+      p.rndv_recvs.erase(it);
+    }
+    post_msg(p, MsgType::kGetDone, 0, sender_id, bytes, 0, nullptr, 0, nullptr);
+    if (!done) return;
+    release_recv(p, *done);
+    done->op->complete(bytes);
     return;
   }
   const bool lost = !r.error.ok() || s.code() == ErrorCode::kPeerLost || s.code() == ErrorCode::kAborted;
@@ -78,7 +86,7 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
   }
   if (r.parts > 0) {  // split: the sender puts the rest too; its FIN takes this part's place
     HMC_LOG("core", debug, "get from {} failed ({}); asking for a put of all of it", describe(p), s.message());
-    post_msg(p, MsgType::kCts, 0, sender_id, r.bytes, id, r.key.data(), r.key.size(), nullptr);
+    post_msg(p, MsgType::kCts, 0, sender_id, r.bytes, id, r.key.data(), r.key.size(), nullptr);  // r may be gone after
     return;
   }
   // The provider could not read the sender's buffer: ask for a put, as to a plain RTS.

@@ -47,9 +47,13 @@ bool CommImpl::start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t
   r.parts = 2;
   r.key = mine;
   // The CTS goes first: a provider may copy within get (ucx into mapped memory does), and
-  // the sender's half should run meanwhile. Its failure is the connection's: the get fails
-  // with it and ends the receive.
+  // the sender's half should run meanwhile.
   post_msg(p, MsgType::kCts, kCtsSplit, sender_id, head, id, mine.data(), mine.size(), nullptr);
+  if (!p.lost.ok()) {  // that send failed at once and lost the peer: nothing will come
+    release_recv(p, r);
+    r.op->fail(p.lost);
+    return true;
+  }
   RecvOp& kept = p.rndv_recvs[id] = std::move(r);
   void* req = nullptr;
   int rc = p.net->net->get(p.net->state, p.conn, kept.buf + head, kept.bytes - head, nullptr, key, key_len, head, &req);

@@ -5,15 +5,18 @@
 #include <dlfcn.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +37,37 @@ inline bool ucx_missing() {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// Settings for ranks with ucx the only net provider, over these UCX transports.
+inline std::map<std::string, std::string> over_ucx(const std::string& tls) {
+  return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
+}
+
+// A number every rank of a test sees (shared anonymous memory, made before the ranks
+// fork): how a rank that stays out of HMC learns when to come back.
+class SharedFlag {
+ public:
+  SharedFlag()
+      : v_(static_cast<std::atomic<int>*>(
+            mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0))) {
+    REQUIRE(v_ != MAP_FAILED);
+    v_->store(0);
+  }
+  ~SharedFlag() { munmap(v_, sizeof(std::atomic<int>)); }
+  SharedFlag(const SharedFlag&) = delete;
+  SharedFlag& operator=(const SharedFlag&) = delete;
+  void store(int v) const { v_->store(v); }
+  int load() const { return v_->load(); }
+  // Waits up to 10 s for the flag to reach `round`; whether it did.
+  bool await(int round) const {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (load() < round && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return load() >= round;
+  }
+
+ private:
+  std::atomic<int>* v_;
+};
 
 inline int no_config(void*, const char*, char*, size_t) { return 1; }
 inline void quiet(void*, int, const char*, const char*) {}

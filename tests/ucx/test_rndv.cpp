@@ -1,10 +1,8 @@
 // The receiver-driven rendezvous over ucx (core/rndv_get.cpp): where UCX maps the peer's
 // shared memory, the receiver gets a large message from the sender's buffer; where the
 // provider refuses the get, the receiver asks for a put instead and the data still arrives.
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -12,38 +10,15 @@
 
 #include "harness.h"
 #include "multiprocess.h"
+#include "rndv_support.h"
 
 using namespace hmc;
 using hmc::test::RankEnv;
+using ucx_test::over_ucx;
+using ucx_test::round_trip;
+using ucx_test::TwoBuffers;
+using ucx_test::SharedFlag;
 using ucx_test::ucx_missing;
-
-namespace {
-
-std::map<std::string, std::string> over_ucx(const std::string& tls) {
-  return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
-}
-
-// Rank 0 sends `bytes` of random data to rank 1 and rank 1 sends them back, from and into
-// `src` / `dst` (each `bytes` long); both check what they got.
-int round_trip(RankEnv& e, uint8_t* src, uint8_t* dst, std::size_t bytes, uint64_t seed) {
-  const auto payload = test::random_bytes(bytes, seed);
-  std::memset(dst, 0xA5, bytes);
-  const int peer = 1 - e.rank;
-  if (e.rank == 0) {
-    std::memcpy(src, payload.data(), bytes);
-    HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 21));
-    HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 22));
-  } else {
-    HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 21));
-    HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "rank 1 received wrong data");
-    std::memcpy(src, dst, bytes);
-    HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 22));
-  }
-  HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "wrong data after the round trip of " + std::to_string(bytes));
-  return 0;
-}
-
-}  // namespace
 
 // A put rendezvous needs the sender inside HMC to answer the CTS; a get does not: rank 1's
 // receive completes while rank 0, having posted its send, stays out of HMC until rank 1
@@ -54,13 +29,10 @@ int round_trip(RankEnv& e, uint8_t* src, uint8_t* dst, std::size_t bytes, uint64
 // 128 KiB up by default, is off here (test_split.cpp).
 TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the sender's help", "[ucx][rndv]") {
   if (ucx_missing()) return;
-  auto* flag = static_cast<std::atomic<int>*>(
-      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(flag != MAP_FAILED);
-  flag->store(0);
+  SharedFlag flag;
   auto settings = over_ucx("shm");
   settings["HMC_RNDV_SPLIT"] = "0";
-  auto exits = test::run_ranks(2, settings, [flag](RankEnv& e) {
+  auto exits = test::run_ranks(2, settings, [&flag](RankEnv& e) {
     HMC_EXPECT(e.comm.path(1 - e.rank).split_from == SIZE_MAX, "HMC_RNDV_SPLIT=0 not taken");
     const int peer = 1 - e.rank;
     const std::size_t limit = e.comm.path(peer).get_limit, from = e.comm.path(peer).get_from;
@@ -78,10 +50,7 @@ TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the se
       if (e.rank == 0) {
         std::memcpy(buf, payload.data(), bytes);
         Request s = e.comm.isend(buf, bytes, peer, 30);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (flag->load() < round && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        HMC_EXPECT(flag->load() >= round, "rank 1 did not receive " + std::to_string(bytes) + " bytes while rank 0 was away");
+        HMC_EXPECT(flag.await(round), "rank 1 did not receive " + std::to_string(bytes) + " bytes while rank 0 was away");
         HMC_EXPECT_OK(s.wait());
       } else {
         std::memset(buf, 0xA5, bytes);
@@ -93,14 +62,13 @@ TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the se
           HMC_EXPECT(alone.code() == ErrorCode::kTimeout, "a put rendezvous of " + std::to_string(bytes) +
                                                               " bytes ended without the sender: " + alone.to_string());
         }
-        flag->store(round);
+        flag.store(round);
         if (!by_get) HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
         HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte receive");
       }
     }
     return 0;
   });
-  munmap(flag, sizeof(std::atomic<int>));
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
@@ -118,26 +86,10 @@ TEST_CASE("ucx: a get the provider refuses falls back to a put", "[ucx][rndv]") 
       auto exits = test::run_ranks(2, settings, [heap](RankEnv& e) {
         HMC_EXPECT(e.comm.path(1 - e.rank).get_limit == SIZE_MAX, "HMC_RNDV=get not taken");
         for (std::size_t bytes : {std::size_t{64} << 10, (std::size_t{1} << 20) + 3}) {
-          std::vector<uint8_t> src_heap, dst_heap;
-          Memory src_mem, dst_mem;
-          uint8_t *src, *dst;
-          if (heap) {
-            src_heap.resize(bytes);
-            dst_heap.resize(bytes);
-            src = src_heap.data();
-            dst = dst_heap.data();
-          } else {
-            auto a = e.ctx.alloc({"cpu", 0}, bytes);
-            auto b = e.ctx.alloc({"cpu", 0}, bytes);
-            HMC_EXPECT_OK(a.status());
-            HMC_EXPECT_OK(b.status());
-            src_mem = std::move(a.value());
-            dst_mem = std::move(b.value());
-            src = static_cast<uint8_t*>(src_mem.data());
-            dst = static_cast<uint8_t*>(dst_mem.data());
-          }
+          TwoBuffers b(e.ctx, bytes, heap);
+          HMC_EXPECT(b.error.empty(), b.error);
           for (int i = 0; i < 3; ++i)  // the first refusal comes after the key's check, later ones at once
-            if (int rc = round_trip(e, src, dst, bytes, bytes + i)) return rc;
+            if (int rc = round_trip(e, b.src, b.dst, bytes, bytes + i)) return rc;
         }
         return 0;
       });

@@ -2,11 +2,9 @@
 // HMC_RNDV_SPLIT up, the sender puts the first half of a message while the receiver gets
 // the second; where the receiver's get is refused, the sender puts all of it.
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -14,26 +12,19 @@
 
 #include "harness.h"
 #include "multiprocess.h"
+#include "rndv_support.h"
 
 using namespace hmc;
 using hmc::test::RankEnv;
+using ucx_test::over_ucx;
+using ucx_test::round_trip;
+using ucx_test::TwoBuffers;
+using ucx_test::SharedFlag;
 using ucx_test::ucx_missing;
 
 namespace {
 
-std::map<std::string, std::string> over_ucx(const std::string& tls) {
-  return {{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", tls}, {"HMC_TIMEOUT", "30s"}};
-}
-
 std::size_t head_of(std::size_t bytes) { return (bytes / 2) & ~std::size_t{63}; }
-
-// Waits up to 10 s for *flag to reach `round`.
-bool await(const std::atomic<int>* flag, int round) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (flag->load() < round && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return flag->load() >= round;
-}
 
 }  // namespace
 
@@ -44,11 +35,8 @@ bool await(const std::atomic<int>* flag, int round) {
 // rank 1 before its receive (the unexpected path) splits the same way.
 TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender is away", "[ucx][rndv][split]") {
   if (ucx_missing()) return;
-  auto* flag = static_cast<std::atomic<int>*>(
-      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(flag != MAP_FAILED);
-  flag->store(0);
-  auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
+  SharedFlag flag;
+  auto exits = test::run_ranks(2, over_ucx("shm"), [&flag](RankEnv& e) {
     const int peer = 1 - e.rank;
     const std::size_t from = e.comm.path(peer).split_from;
     HMC_EXPECT(from == (128u << 10), "split from " + std::to_string(from));
@@ -69,7 +57,7 @@ TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender 
         Request s = e.comm.isend(buf, bytes, peer, 40);
         uint8_t one = 1;
         if (unexpected) HMC_EXPECT_OK(e.comm.send(&one, 1, peer, 41));  // behind the RTS
-        HMC_EXPECT(await(flag, round), "rank 1 did not look at the " + what + " while rank 0 was away");
+        HMC_EXPECT(flag.await(round), "rank 1 did not look at the " + what + " while rank 0 was away");
         HMC_EXPECT_OK(s.wait());
       } else {
         std::memset(buf, 0xA5, bytes);
@@ -87,7 +75,7 @@ TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender 
         } else {
           HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
         }
-        flag->store(round);
+        flag.store(round);
         HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
         HMC_EXPECT(r.bytes() == bytes, what + ": " + std::to_string(r.bytes()) + " bytes reported");
         HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "wrong data in the " + what);
@@ -95,7 +83,6 @@ TEST_CASE("ucx: a split rendezvous: the receiver gets its half while the sender 
     }
     return 0;
   });
-  munmap(flag, sizeof(std::atomic<int>));
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
@@ -146,11 +133,8 @@ TEST_CASE("ucx: split rendezvous in flight both ways keep their bytes", "[ucx][r
 // is split again (its receive waits for rank 0).
 TEST_CASE("ucx: a rank that sends a rendezvous of its own is not asked to split", "[ucx][rndv][split]") {
   if (ucx_missing()) return;
-  auto* flag = static_cast<std::atomic<int>*>(
-      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(flag != MAP_FAILED);
-  flag->store(0);
-  auto exits = test::run_ranks(2, over_ucx("shm"), [flag](RankEnv& e) {
+  SharedFlag flag;
+  auto exits = test::run_ranks(2, over_ucx("shm"), [&flag](RankEnv& e) {
     const int peer = 1 - e.rank;
     const std::size_t bytes = 256u << 10, big = 1u << 20;
     HMC_EXPECT(e.comm.path(peer).split_from <= bytes && e.comm.path(peer).get_limit >= bytes, "not in the get band");
@@ -163,38 +147,37 @@ TEST_CASE("ucx: a rank that sends a rendezvous of its own is not asked to split"
     const auto payload = test::random_bytes(bytes, 123), second = test::random_bytes(bytes, 124);
     const auto pending = test::random_bytes(big, 125);
     if (e.rank == 0) {
-      HMC_EXPECT(await(flag, 1), "rank 1 did not start its send");
+      HMC_EXPECT(flag.await(1), "rank 1 did not start its send");
       std::memcpy(buf, payload.data(), bytes);
       Request s = e.comm.isend(buf, bytes, peer, 81);
-      HMC_EXPECT(await(flag, 2), "rank 1 did not receive while rank 0 was away");
+      HMC_EXPECT(flag.await(2), "rank 1 did not receive while rank 0 was away");
       HMC_EXPECT_OK(s.wait());
       HMC_EXPECT_OK(e.comm.recv(other, big, peer, 80));
       HMC_EXPECT(std::memcmp(other, pending.data(), big) == 0, "rank 1's pending message arrived wrong");
       std::memcpy(buf, second.data(), bytes);
       s = e.comm.isend(buf, bytes, peer, 82);
-      HMC_EXPECT(await(flag, 3), "rank 1 did not look at the second message");
+      HMC_EXPECT(flag.await(3), "rank 1 did not look at the second message");
       HMC_EXPECT_OK(s.wait());
     } else {
       std::memcpy(other, pending.data(), big);
       Request mine = e.comm.isend(other, big, peer, 80);  // a rendezvous under way until rank 0 receives it
-      flag->store(1);
+      flag.store(1);
       std::memset(buf, 0xA5, bytes);
       Request r = e.comm.irecv(buf, bytes, peer, 81);
       HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
       HMC_EXPECT(std::memcmp(buf, payload.data(), bytes) == 0, "the message received while busy arrived wrong");
-      flag->store(2);
+      flag.store(2);
       HMC_EXPECT_OK(mine.wait());
       std::memset(buf, 0xA5, bytes);
       r = e.comm.irecv(buf, bytes, peer, 82);
       Status alone = r.wait(std::chrono::seconds(1));
       HMC_EXPECT(alone.code() == ErrorCode::kTimeout, "with nothing else under way a 256 KiB receive was not split: " + alone.to_string());
-      flag->store(3);
+      flag.store(3);
       HMC_EXPECT_OK(r.wait(std::chrono::seconds(10)));
       HMC_EXPECT(std::memcmp(buf, second.data(), bytes) == 0, "the second message arrived wrong");
     }
     return 0;
   });
-  munmap(flag, sizeof(std::atomic<int>));
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
@@ -215,38 +198,10 @@ TEST_CASE("ucx: a split whose get is refused falls back to a put of the whole me
         const int peer = 1 - e.rank;
         HMC_EXPECT(e.comm.path(peer).split_from == 0, "HMC_RNDV=split not taken");
         for (std::size_t bytes : {std::size_t{200} << 10, (std::size_t{2} << 20) + 7}) {
-          std::vector<uint8_t> heap_src, heap_dst;
-          Memory src_mem, dst_mem;
-          uint8_t *src, *dst;
-          if (run.heap) {
-            heap_src.resize(bytes);
-            heap_dst.resize(bytes);
-            src = heap_src.data();
-            dst = heap_dst.data();
-          } else {
-            auto a = e.ctx.alloc({"cpu", 0}, bytes);
-            auto b = e.ctx.alloc({"cpu", 0}, bytes);
-            HMC_EXPECT_OK(a.status());
-            HMC_EXPECT_OK(b.status());
-            src_mem = std::move(a.value());
-            dst_mem = std::move(b.value());
-            src = static_cast<uint8_t*>(src_mem.data());
-            dst = static_cast<uint8_t*>(dst_mem.data());
-          }
-          for (int i = 0; i < 3; ++i) {  // the first refusal comes after the key's check, later ones at once
-            const auto payload = test::random_bytes(bytes, bytes + i);
-            std::memset(dst, 0xA5, bytes);
-            if (e.rank == 0) {
-              std::memcpy(src, payload.data(), bytes);
-              HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 60));
-              HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 61));
-            } else {
-              HMC_EXPECT_OK(e.comm.recv(dst, bytes, peer, 60));
-              std::memcpy(src, dst, bytes);
-              HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 61));
-            }
-            HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "wrong data in a " + std::to_string(bytes) + "-byte message");
-          }
+          TwoBuffers b(e.ctx, bytes, run.heap);
+          HMC_EXPECT(b.error.empty(), b.error);
+          for (int i = 0; i < 3; ++i)  // the first refusal comes after the key's check, later ones at once
+            if (int rc = round_trip(e, b.src, b.dst, bytes, bytes + i)) return rc;
         }
         return 0;
       });
