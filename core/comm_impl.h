@@ -122,6 +122,7 @@ class CommImpl : public Progressable {
     uint64_t fin_size = 0;
     Status error{};            // a part's copy failed
     int parts = 0;             // a split receive: its parts still to end (the head's FIN, its get)
+    std::size_t head = 0;      // a split receive: where its own part starts
     std::vector<uint8_t> key{};  // a split receive: buf's key, for a CTS should its get fail
   };
   struct RegCacheEntry {

@@ -317,8 +317,9 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   const SendOp& s = *taken;
   if (s.device || (h.tag & kCtsStaged)) return send_staged(p, s, h.aux, std::vector<uint8_t>(rkey, rkey + rkey_len));
   // Two parts: the put and the FIN behind it; the send is done when both are. A split send
-  // whose receiver could not get its half asks for all of it: these two parts take the
-  // place of the kGetDone that will not come, besides the head's put and FIN.
+  // whose receiver could not get its half asks for the rest (kCtsRest): these two parts
+  // take the place of the kGetDone that will not come, besides the head's put and FIN.
+  const std::size_t from = (h.tag & kCtsRest) && s.split_parts && h.size < s.bytes ? h.size : 0;
   std::function<void(const Status&)> part_done = s.split_done;
   if (s.split_parts) {
     ++*s.split_parts;
@@ -329,10 +330,10 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
     };
   }
   void* req = nullptr;
-  int rc = p.net->net->put(p.net->state, p.conn, s.buf, s.bytes, nullptr, rkey, rkey_len, 0, &req);
+  int rc = p.net->net->put(p.net->state, p.conn, s.buf + from, s.bytes - from, nullptr, rkey, rkey_len, from, &req);
   // A put refused at once moved nothing: a FIN would end the receive on stale bytes.
   if (Status refused = track(p, rc, req, part_done, "put"); !refused.ok()) return fail_receiver(p, h.aux, refused);
-  post_msg(p, MsgType::kFin, 0, h.aux, s.bytes, 0, nullptr, 0, part_done);
+  post_msg(p, MsgType::kFin, 0, h.aux, s.bytes - from, 0, nullptr, 0, part_done);
 }
 
 void CommImpl::fail_receiver(Peer& p, uint64_t receiver_id, const Status& why) {

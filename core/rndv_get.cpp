@@ -85,8 +85,8 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
     return;
   }
   if (r.parts > 0) {  // split: the sender puts the rest too; its FIN takes this part's place
-    HMC_LOG("core", debug, "get from {} failed ({}); asking for a put of all of it", describe(p), s.message());
-    post_msg(p, MsgType::kCts, 0, sender_id, r.bytes, id, r.key.data(), r.key.size(), nullptr);  // r may be gone after
+    HMC_LOG("core", debug, "get from {} failed ({}); asking for a put of the rest", describe(p), s.message());
+    post_msg(p, MsgType::kCts, kCtsRest, sender_id, r.head, id, r.key.data(), r.key.size(), nullptr);  // r may be gone after
     return;
   }
   // The provider could not read the sender's buffer: ask for a put, as to a plain RTS.

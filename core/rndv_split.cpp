@@ -15,8 +15,9 @@
 // a ring), and a split only adds control messages (2 ranks exchanging 128-512 KiB over ucx:
 // 15-25 % slower split). HMC_RNDV=split splits regardless.
 //
-// A receiver whose get fails for any reason but a lost peer sends a plain CTS: the sender
-// then puts everything (its head's parts still counted) and that FIN ends the receive. A
+// A receiver whose get fails for any reason but a lost peer asks for the rest by a CTS with
+// kCtsRest: the sender puts the second half too (its head's parts still counted) and that
+// FIN ends the receive. A
 // receiver that cannot split at all (device memory, a buffer outside HMC allocations under
 // HMC_RNDV=auto, a get the provider refuses at once) gets or asks for a put as before.
 #include "core/comm_impl.h"
@@ -45,6 +46,7 @@ bool CommImpl::start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t
   const std::size_t head = (r.bytes / 2) & ~std::size_t{63};  // whole cache lines each
   const uint64_t id = r.id;
   r.parts = 2;
+  r.head = head;
   r.key = mine;
   // The CTS goes first: a provider may copy within get (ucx into mapped memory does), and
   // the sender's half should run meanwhile.

@@ -40,6 +40,9 @@ inline constexpr uint64_t kCtsStaged = 1;
 // on itself while the sender puts only [0, size) and answers kFin for that part; the send
 // ends once both its put and the receiver's kGetDone did.
 inline constexpr uint64_t kCtsSplit = 2;
+// kCts tag bit, from a split receive whose get failed: the sender puts the rest as well,
+// bytes [size, total), and answers kFin for it.
+inline constexpr uint64_t kCtsRest = 4;
 
 struct WireHeader {
   uint32_t magic;

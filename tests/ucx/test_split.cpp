@@ -1,6 +1,6 @@
 // The split rendezvous over ucx (core/rndv_split.cpp): between ranks of one host, from
 // HMC_RNDV_SPLIT up, the sender puts the first half of a message while the receiver gets
-// the second; where the receiver's get is refused, the sender puts all of it.
+// the second; where the receiver's get is refused, the sender puts that half too.
 #include <signal.h>
 #include <unistd.h>
 
@@ -184,9 +184,9 @@ TEST_CASE("ucx: a rank that sends a rendezvous of its own is not asked to split"
 
 // HMC_RNDV=split splits every rendezvous the provider can get. Where UCX cannot read the
 // sender's buffer directly (heap memory over shared memory; tcp; HMC_UCX_PUT=am) the
-// receiver's get is refused after the head's put began, it asks for all of it, and the
+// receiver's get is refused after the head's put began, it asks for the rest, and the
 // message still arrives whole; a send waits for both of its puts.
-TEST_CASE("ucx: a split whose get is refused falls back to a put of the whole message", "[ucx][rndv][split]") {
+TEST_CASE("ucx: a split whose get is refused falls back to a put of the rest", "[ucx][rndv][split]") {
   if (ucx_missing()) return;
   struct Run { const char* tls; const char* put; bool heap; };
   for (const Run run : {Run{"shm", "auto", true}, Run{"shm", "am", false}, Run{"tcp", "auto", false}}) {
