@@ -133,7 +133,7 @@ for tls in $tls_list; do
       "$lat_cols"
   done
 done
-echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous put);"
+echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
 echo "HMC put: the same with --put (Communicator::put stream); put+ntf: --put --notify (each put notifies, the target waits"
 echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw, p+n:put = put+ntf / put_bw,"
 echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."
