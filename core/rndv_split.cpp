@@ -17,9 +17,8 @@
 //
 // A receiver whose get fails for any reason but a lost peer asks for the rest by a CTS with
 // kCtsRest: the sender puts the second half too (its head's parts still counted) and that
-// FIN ends the receive. A
-// receiver that cannot split at all (device memory, a buffer outside HMC allocations under
-// HMC_RNDV=auto, a get the provider refuses at once) gets or asks for a put as before.
+// FIN ends the receive. A receiver that cannot split at all (device memory, a buffer outside
+// HMC allocations under HMC_RNDV=auto) gets or asks for a put as before.
 #include "core/comm_impl.h"
 #include "core/log.h"
 
@@ -60,7 +59,7 @@ bool CommImpl::start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t
   void* req = nullptr;
   int rc = p.net->net->get(p.net->state, p.conn, kept.buf + head, kept.bytes - head, nullptr, key, key_len, head, &req);
   if (rc != 0 || !req) {
-    // Nothing is being written here: on_got asks for a put of everything (or fails the
+    // Nothing is being written here: on_got asks for a put of the rest (or fails the
     // receive if the peer is lost).
     Status why = from_provider(rc != 0 ? rc : HMC_PROV_ERR_INTERNAL, nullptr, describe(p));
     on_got(p, id, sender_id, why);

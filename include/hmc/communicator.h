@@ -53,8 +53,9 @@ struct PathInfo {
   std::size_t get_from = SIZE_MAX;
   // Rendezvous messages from this size up are split (SIZE_MAX: never): the sender puts the
   // first half while the receiver gets the second, so both ranks copy at once. One host
-  // only, where the provider advises gets (HMC_RNDV_SPLIT); a receive that cannot (device
-  // memory, a buffer outside HMC allocations) gets or asks for a put as above.
+  // only, where the provider advises gets (HMC_RNDV_SPLIT), and not while either rank has a
+  // rendezvous of its own under way the other way; a receive that cannot (device memory, a
+  // buffer outside HMC allocations) gets or asks for a put as above.
   std::size_t split_from = SIZE_MAX;
   // Eager flow control: how many bytes of eager messages (each counted with its 40-byte
   // header) this side may have sent to the peer that the peer's application has not yet
