@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,18 @@ inline int round_trip(hmc::test::RankEnv& e, uint8_t* src, uint8_t* dst, std::si
     HMC_EXPECT_OK(e.comm.send(src, bytes, peer, 22));
   }
   HMC_EXPECT(std::memcmp(dst, payload.data(), bytes) == 0, "wrong data after the round trip of " + std::to_string(bytes));
+  return 0;
+}
+
+// round_trip three times at each size, in fresh buffers (TwoBuffers) per size: where the
+// provider refuses a get, the first refusal comes after the key's check, later ones at once.
+inline int round_trips(hmc::test::RankEnv& e, std::initializer_list<std::size_t> sizes, bool heap) {
+  for (std::size_t bytes : sizes) {
+    TwoBuffers b(e.ctx, bytes, heap);
+    HMC_EXPECT(b.error.empty(), b.error);
+    for (int i = 0; i < 3; ++i)
+      if (int rc = round_trip(e, b.src, b.dst, bytes, bytes + i)) return rc;
+  }
   return 0;
 }
 

@@ -15,8 +15,7 @@
 using namespace hmc;
 using hmc::test::RankEnv;
 using ucx_test::over_ucx;
-using ucx_test::round_trip;
-using ucx_test::TwoBuffers;
+using ucx_test::round_trips;
 using ucx_test::SharedFlag;
 using ucx_test::ucx_missing;
 
@@ -85,13 +84,7 @@ TEST_CASE("ucx: a get the provider refuses falls back to a put", "[ucx][rndv]") 
       if (!heap) settings["HMC_UCX_PUT"] = "am";
       auto exits = test::run_ranks(2, settings, [heap](RankEnv& e) {
         HMC_EXPECT(e.comm.path(1 - e.rank).get_limit == SIZE_MAX, "HMC_RNDV=get not taken");
-        for (std::size_t bytes : {std::size_t{64} << 10, (std::size_t{1} << 20) + 3}) {
-          TwoBuffers b(e.ctx, bytes, heap);
-          HMC_EXPECT(b.error.empty(), b.error);
-          for (int i = 0; i < 3; ++i)  // the first refusal comes after the key's check, later ones at once
-            if (int rc = round_trip(e, b.src, b.dst, bytes, bytes + i)) return rc;
-        }
-        return 0;
+        return round_trips(e, {std::size_t{64} << 10, (std::size_t{1} << 20) + 3}, heap);
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));

@@ -17,8 +17,7 @@
 using namespace hmc;
 using hmc::test::RankEnv;
 using ucx_test::over_ucx;
-using ucx_test::round_trip;
-using ucx_test::TwoBuffers;
+using ucx_test::round_trips;
 using ucx_test::SharedFlag;
 using ucx_test::ucx_missing;
 
@@ -197,13 +196,7 @@ TEST_CASE("ucx: a split whose get is refused falls back to a put of the rest", "
       auto exits = test::run_ranks(2, settings, [run](RankEnv& e) {
         const int peer = 1 - e.rank;
         HMC_EXPECT(e.comm.path(peer).split_from == 0, "HMC_RNDV=split not taken");
-        for (std::size_t bytes : {std::size_t{200} << 10, (std::size_t{2} << 20) + 7}) {
-          TwoBuffers b(e.ctx, bytes, run.heap);
-          HMC_EXPECT(b.error.empty(), b.error);
-          for (int i = 0; i < 3; ++i)  // the first refusal comes after the key's check, later ones at once
-            if (int rc = round_trip(e, b.src, b.dst, bytes, bytes + i)) return rc;
-        }
-        return 0;
+        return round_trips(e, {std::size_t{200} << 10, (std::size_t{2} << 20) + 7}, run.heap);
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));
