@@ -214,7 +214,7 @@ TEST_CASE("ucx: a peer killed mid-split fails the survivor's operation", "[ucx][
       auto settings = over_ucx("shm");
       settings["HMC_TIMEOUT"] = "20s";
       auto exits = test::run_ranks(2, settings, [victim_sends](RankEnv& e) {
-        const std::size_t bytes = 128u << 20;
+        const std::size_t bytes = 32u << 20;  // mapped from /dev/shm, on each rank
         auto mem = e.ctx.alloc({"cpu", 0}, bytes);
         HMC_EXPECT_OK(mem.status());
         auto* buf = static_cast<uint8_t*>(mem->data());
@@ -224,7 +224,7 @@ TEST_CASE("ucx: a peer killed mid-split fails the survivor's operation", "[ucx][
         if (e.rank == 1) {  // the victim: killed from another thread while it copies its half, mostly
           Request r = victim_sends ? e.comm.isend(buf, bytes, 0, 70) : e.comm.irecv(buf, bytes, 0, 70);
           std::thread killer([] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
             kill(getpid(), SIGKILL);
           });
           for (;;) r.test();
