@@ -44,6 +44,10 @@ namespace hmc::core {
 // A provider's error code and message as a Status naming `who` (p2p.cpp).
 Status from_provider(int rc, const char* msg, const std::string& who);
 
+// A callback for each part of a send (a put, the FIN behind it, ...): the first failure
+// fails `op`, and once *parts of them ran without one, `op` completes with `bytes`.
+std::function<void(const Status&)> parts_of(std::shared_ptr<Operation> op, std::shared_ptr<int> parts, std::size_t bytes);
+
 class CommImpl : public Progressable {
  public:
   static Result<std::unique_ptr<CommImpl>> create(ContextImpl& ctx, const UniqueId& id, int rank, int size);

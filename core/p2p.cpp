@@ -23,6 +23,13 @@ std::string mismatch_text(std::size_t posted, uint64_t got, int peer, uint64_t t
 
 }  // namespace
 
+std::function<void(const Status&)> parts_of(std::shared_ptr<Operation> op, std::shared_ptr<int> parts, std::size_t bytes) {
+  return [op = std::move(op), parts = std::move(parts), bytes](const Status& st) {
+    if (!st.ok()) op->fail(st);
+    if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
+  };
+}
+
 Status from_provider(int rc, const char* msg, const std::string& who) {
   ErrorCode code = ErrorCode::kInternal;
   switch (rc) {
@@ -320,15 +327,8 @@ void CommImpl::on_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, std::si
   // whose receiver could not get its half asks for the rest (kCtsRest): these two parts
   // take the place of the kGetDone that will not come, besides the head's put and FIN.
   const std::size_t from = (h.tag & kCtsRest) && s.split_parts && h.size < s.bytes ? h.size : 0;
-  std::function<void(const Status&)> part_done = s.split_done;
-  if (s.split_parts) {
-    ++*s.split_parts;
-  } else {
-    part_done = [op = s.op, parts = std::make_shared<int>(2), bytes = s.bytes](const Status& st) {
-      if (!st.ok()) op->fail(st);
-      if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
-    };
-  }
+  if (s.split_parts) ++*s.split_parts;
+  auto part_done = s.split_parts ? s.split_done : parts_of(s.op, std::make_shared<int>(2), s.bytes);
   void* req = nullptr;
   int rc = p.net->net->put(p.net->state, p.conn, s.buf + from, s.bytes - from, nullptr, rkey, rkey_len, from, &req);
   // A put refused at once moved nothing: a FIN would end the receive on stale bytes.

@@ -46,10 +46,10 @@ bool CommImpl::start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t
   const uint64_t id = r.id;
   r.parts = 2;
   r.head = head;
-  r.key = mine;
   // The CTS goes first: a provider may copy within get (ucx into mapped memory does), and
   // the sender's half should run meanwhile.
   post_msg(p, MsgType::kCts, kCtsSplit, sender_id, head, id, mine.data(), mine.size(), nullptr);
+  r.key = std::move(mine);
   if (!p.lost.ok()) {  // that send failed at once and lost the peer: nothing will come
     release_recv(p, r);
     r.op->fail(p.lost);
@@ -81,10 +81,7 @@ void CommImpl::on_split_cts(Peer& p, const WireHeader& h, const uint8_t* rkey, s
   }
   // Three parts: the head's put, its FIN, and the receiver's kGetDone.
   s.split_parts = std::make_shared<int>(3);
-  s.split_done = [op = s.op, parts = s.split_parts, bytes = s.bytes](const Status& st) {
-    if (!st.ok()) op->fail(st);
-    if (--*parts == 0) op->complete(bytes);  // a no-op after a failure
-  };
+  s.split_done = parts_of(s.op, s.split_parts, s.bytes);
   auto done = s.split_done;
   void* req = nullptr;
   int rc = p.net->net->put(p.net->state, p.conn, s.buf, h.size, nullptr, rkey, rkey_len, 0, &req);
