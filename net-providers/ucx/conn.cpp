@@ -87,7 +87,7 @@ void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
   op->wire = Wire{c.peer_id, static_cast<uint32_t>(Kind::kMsg), c.peer_cookie, c.send_seq++, 0, 0, 0};
   op->bytes = len;
   const ucp_request_param_t p = send_param(op);
-  void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, sizeof(Wire), buf, len, &p);
+  void* r = ucp_am_send_nbx(c.ep, kAmId, &op->wire, kMsgWire, buf, len, &p);
   if (r == nullptr) {
     op->req->complete(len);
     delete op;

@@ -16,8 +16,9 @@ namespace hmc_ucx {
 
 inline constexpr uint32_t kHandshakeMagic = 0x55434d48;  // "HMCU"
 // 2: puts may come as active messages (kPutData/kPutDone), which a version 1 peer
-// would leave unanswered.
-inline constexpr uint32_t kHandshakeVersion = 2;
+// would leave unanswered. 3: kMsg carries the short header (kMsgWire), which a version 2
+// peer drops.
+inline constexpr uint32_t kHandshakeVersion = 3;
 inline constexpr size_t kMaxWorkerAddress = 64 << 10;
 
 // What each side tells the other. The connector's carries the hello.

@@ -429,9 +429,11 @@ int Provider::start(std::string& why) {
   hp.arg = this;
   hp.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t len,
              const ucp_am_recv_param_t* param) -> ucs_status_t {
-    if (header_len != sizeof(Wire)) return UCS_OK;  // not ours: dropped
-    Wire w;
-    std::memcpy(&w, header, sizeof(w));
+    // Not ours (or a control message cut short): dropped.
+    if (header_len != sizeof(Wire) && header_len != kMsgWire) return UCS_OK;
+    Wire w{};
+    std::memcpy(&w, header, header_len);
+    if (header_len == kMsgWire && static_cast<Kind>(w.kind) != Kind::kMsg) return UCS_OK;
     return static_cast<Provider*>(arg)->on_am(w, data, len, param);
   };
   if ((s = ucp_worker_set_am_recv_handler(worker_, &hp)) != UCS_OK) {

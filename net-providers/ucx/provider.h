@@ -20,6 +20,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <cstddef>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -87,6 +88,12 @@ struct Wire {
                     // kPutDone: PutVerdict; kRevoke: nonce
   uint64_t len;     // kCheck: put length; kPutData: region id
 };
+
+// kMsg goes with the header up to `seq` only (the rest reads 0): with HMC's 40-byte header
+// and up to 28 bytes of data it stays within UCX's shared-memory am_short (100 bytes,
+// UCP's own 8 included), which copies it inline; the whole Wire sent 8 bytes of data
+// through am_bcopy (docs/ucx.md, "Messages").
+constexpr size_t kMsgWire = offsetof(Wire, token);
 
 // How puts move (HMC_UCX_PUT; put.cpp).
 enum class PutMode { kAuto, kRma, kAm };
