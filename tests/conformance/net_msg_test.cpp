@@ -88,10 +88,7 @@ TEST_CASE("net: messages arrive whole and in order, both ways, posted early or l
 // headers included, inline): every size across such a switch must arrive whole.
 TEST_CASE("net: messages of every size up to 256 bytes arrive whole, both ways", "[net][msg]") {
   for_each_plugin([](Session& s) {
-    if (!s.has(HMC_NET_CAP_MSG)) {
-      WARN(s.p->name << " has no HMC_NET_CAP_MSG: message checks skipped");
-      return;
-    }
+    if (!s.has(HMC_NET_CAP_MSG)) return;  // the first case says so
     Session t;
     REQUIRE(t.open(s.path));
     Link link = connect_pair(s, t);
