@@ -171,6 +171,7 @@ class CommImpl : public Progressable {
     Status lost;  // ok while alive
     std::vector<CtrlSlot> ctrl;
     std::size_t next_ctrl = 0;
+    bool repost = false;  // some ctrl slots took a message and wait to be posted again
     std::deque<RecvOp> posted;
     std::deque<Unexpected> unexpected;
     std::map<uint64_t, SendOp> rndv_sends;
@@ -194,6 +195,12 @@ class CommImpl : public Progressable {
   Status connect_all(const Secret& secret, Clock::time_point deadline);
   Status check_hello(const Hello& h, const std::string& provider, const Secret& secret) const;
   void post_ctrl_recv(Peer& p, CtrlSlot& slot);
+  // Posts again the control slots that took a message (Peer::repost), in ring order from
+  // next_ctrl: the provider fills receives in the order they were posted. A pass leaves
+  // that to the next one unless it comes round the whole ring: the pass that completed a
+  // receive then returns to its waiter sooner (8 B half round trip over ucx on shared
+  // memory 0.82-0.88 -> 0.77-0.83 us polled), and the provider holds what arrives meanwhile.
+  void repost_ctrl(Peer& p);
   // The largest message sent to `p` eagerly (PathInfo::eager_limit): HMC_EAGER_LIMIT where
   // the user set it, else the lower of it and the path provider's advice for the pair class.
   // Only ever lower than eager_limit_, which sizes every receiver's control slots.

@@ -608,7 +608,16 @@ bool CommImpl::ended(Peer& p, void* req, const std::function<void(const Status&)
   return true;
 }
 
+void CommImpl::repost_ctrl(Peer& p) {
+  p.repost = false;
+  for (std::size_t k = 0; k < p.ctrl.size() && p.lost.ok(); ++k) {
+    CtrlSlot& slot = p.ctrl[(p.next_ctrl + k) % p.ctrl.size()];
+    if (!slot.req) post_ctrl_recv(p, slot);
+  }
+}
+
 bool CommImpl::progress_peer(Peer& p) {
+  if (p.repost) repost_ctrl(p);
   bool any = release_held(p);  // the sends whose wait for credit ended
   char message[256];
   if (!p.inflight.empty()) {
@@ -623,6 +632,9 @@ bool CommImpl::progress_peer(Peer& p) {
   }
   while (!p.ctrl.empty()) {
     CtrlSlot& slot = p.ctrl[p.next_ctrl];
+    // Every slot took a message in this pass: post them again and go on, so a pass still
+    // takes all that waits (a lost peer's last messages are drained in kDrainPasses).
+    if (!slot.req && p.repost) repost_ctrl(p);
     if (!slot.req) break;
     int done = 0;
     std::size_t bytes = 0;
@@ -637,7 +649,7 @@ bool CommImpl::progress_peer(Peer& p) {
       continue;
     }
     handle_msg(p, slot.buf.data(), bytes);
-    if (p.lost.ok()) post_ctrl_recv(p, slot);
+    p.repost = true;
     p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
   }
   return any;
