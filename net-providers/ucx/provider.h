@@ -20,8 +20,8 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <deque>
 #include <map>
 #include <memory>
