@@ -100,7 +100,6 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   if (!reg) return reg.status();
   ctx->registry_ = std::move(reg.value());
   for (auto& n : ctx->registry_->nets()) {
-    if (!n->net->progress) continue;
     LoadedProvider* p = n.get();
     ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; });
   }

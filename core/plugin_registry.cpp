@@ -92,8 +92,9 @@ std::string check_device_table(const hmc_device_provider_t* t) {
 
 std::string check_net_table(const hmc_net_provider_t* t) {
   if (!t->init || !t->fini || !t->props || !t->listen || !t->close_listener || !t->connect || !t->conn_status ||
-      !t->accept || !t->close_conn || !t->test)
-    return "a mandatory function (init, fini, props, listen, close_listener, connect, conn_status, accept, close_conn, test) is NULL";
+      !t->accept || !t->close_conn || !t->test || !t->progress)
+    return "a mandatory function (init, fini, props, listen, close_listener, connect, conn_status, accept, close_conn, test, "
+           "progress) is NULL";
   if ((t->caps & HMC_NET_CAP_MSG) == 0 || !t->send_msg || !t->recv_msg)
     return "capability msg is required (send_msg/recv_msg)";
   if ((t->caps & HMC_NET_CAP_PUT) && !(t->reg_mem && t->dereg_mem && t->pack_rkey && t->put))

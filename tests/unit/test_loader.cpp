@@ -27,6 +27,7 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  Want{"fakeabi", "ABI version 2, this libhmc speaks 1"},
                  Want{"fakename", "table names 'somethingelse'"},
                  Want{"fakecaps", "capability put set but its functions are NULL"},
+                 Want{"fakenoprogress", "a mandatory function (init, fini, props, listen, close_listener, connect, conn_status, accept, close_conn, test, progress) is NULL"},
                  Want{"fakenoentry", "no entry symbol hmc_net_provider_v1"},
                  Want{"fakegarbage", "unavailable: cannot load"},
                  Want{"fakenomsg", "unavailable: withdrew its messages"}}) {

@@ -49,16 +49,19 @@ hmc_net_provider_t make_table() {
   t.name = "somethingelse";
 #elif FAKE_KIND == 3  // capability bit without functions
   t.caps |= HMC_NET_CAP_PUT;
-#elif FAKE_KIND >= 5  // 5: withdraws its messages; 6: withdraws its reach to other hosts
+#elif FAKE_KIND == 5 || FAKE_KIND == 6  // 5: withdraws its messages; 6: its reach to other hosts
   t.caps |= HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
 #endif
   // Fill the mandatory pointers with anything callable for kinds 0 and 1..3 tables checks.
   t.fini = [](void*) {};
   t.props = [](void*, hmc_net_props_t*) { return 0; };
-#if FAKE_KIND >= 5
+  t.progress = [](void*) { return 0; };
+#if FAKE_KIND == 5 || FAKE_KIND == 6
   t.init = init_ok;
   t.props = props_withdrawing;
   t.progress = [](void*) { return ++fake_progress_calls, 0; };
+#elif FAKE_KIND == 7  // every entry but progress
+  t.progress = nullptr;
 #endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
   t.close_listener = [](void*, void*) { return 0; };
