@@ -306,17 +306,18 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
     HMC_COLL_REQUIRE(kKind, Status(ErrorCode::kInvalidArgument, "this rank sends itself " + std::to_string(send_counts[r]) +
                                                                     " elements but expects " + std::to_string(recv_counts[r])));
   const std::size_t esz = dtype_size(dtype);
+  std::size_t send_end = 0, recv_end = 0;  // the extents the blocks span, in elements
+  for (int j = 0; j < n; ++j) {
+    if (send_counts[j]) send_end = std::max(send_end, send_displs[j] + send_counts[j]);
+    if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
+  }
+  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, send_end * esz, recv, recv_end * esz, "all_to_all_v"));
   c.dtype = dtype;
   c.algo_bytes = sent * esz / n;
   c.result_bytes = got * esz;
   c.empty = sent == 0 && got == 0;
   c.where = recv;
   if (opt.stream) {
-    std::size_t send_end = 0, recv_end = 0;
-    for (int j = 0; j < n; ++j) {
-      if (send_counts[j]) send_end = std::max(send_end, send_displs[j] + send_counts[j]);
-      if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
-    }
     c.in = {{send, send_end * esz}};
     c.out = {{recv, recv_end * esz}};
     // Blocks that leave gaps: staged, the gaps must come back as they were.

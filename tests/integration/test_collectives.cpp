@@ -944,6 +944,8 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
     if (int rc = invalid(reduce_scatter(e.comm, reinterpret_cast<uint8_t*>(b.data()) + 1, a.data(), 2, f32, sum), "aligned")) return rc;
     std::vector<std::size_t> two(2, 1), three(3, 1);
     if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, three, b.data(), two, two, f32), "one entry per rank")) return rc;
+    const std::vector<std::size_t> displs{0, 1};
+    if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, displs, a.data() + 1, two, displs, f32), "overlap")) return rc;
     if (int rc = invalid(all_to_all(e.comm, a.data(), b.data(), 2, f32, {"ring", std::nullopt}), "no algorithm")) return rc;
     if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, sum, {"fastest", std::nullopt}), "fastest")) return rc;
     Communicator empty;
