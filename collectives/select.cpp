@@ -17,7 +17,7 @@ constexpr std::array<const char*, 8> kAlgoNames = {"auto", "ring", "rd", "rhd", 
 
 // Thresholds of the automatic choice, from hmc-bench sweeps of every algorithm on the
 // 2-core host with shm, 2 to 4 ranks (docs/collectives.md). Since shm carries messages
-// in shared-memory rings (a few microseconds each), all_reduce is ring from 128 KiB up:
+// in shared-memory rings (a few microseconds each), all_reduce is ring above 64 KiB:
 // at 512 KiB it took 140 us against 240 (rd) and 380-1900 (tree) with 2 ranks, and
 // 770 us against 980 (rhd) and 2300-3200 (tree) with 4.
 constexpr std::size_t kAllReduceRdMax = 16 << 10;     // recursive doubling up to here,

@@ -8,7 +8,7 @@
 // Every rank calls collectives in the same order, so the n-th collective has the same
 // sequence number everywhere and several collectives in flight never take each other's
 // messages. The highest sequence value is not used by collectives: it holds channels that
-// are not collectives over the whole communicator (grouped send/recv, the sequence slot).
+// are not collectives over the whole communicator (grouped send/recv).
 #pragma once
 
 #include <cstdint>
