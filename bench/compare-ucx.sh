@@ -20,13 +20,17 @@
 #           round trip; HMC's messages are UCP active messages).
 # Both sides run the same number of messages (ITERS, default 20000 below 1 MiB,
 # ITERS_LARGE, default 1000, from 1 MiB); ucx_perftest warms up with its default
-# 10000, hmc-probe with a tenth of its count.
+# 10000, hmc-probe with a tenth of its count. For the latency both warm up with
+# WARMUP round trips (default 50000; ucx_perftest -w, hmc-probe --lat-warmup):
+# two ranks woken by hmc-probe's barrier may share one CPU until the scheduler
+# moves one, which took 10000-30000 round trips on the 2-vCPU VM
+# (docs/performance.md, "Warm-up").
 # HMC's buffers come from Context::alloc; with ucx the only net provider they
 # come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
 # table has the median of each. GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and
 # are converted). Every run has a deadline (RUN_TIMEOUT s, default 120) and is
-# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000).
+# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP.
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 repeat=${REPEAT:-5} iters=${ITERS:-20000} iters_large=${ITERS_LARGE:-1000} lat_iters=${LAT_ITERS:-20000}
+warmup=${WARMUP:-50000}
 run_timeout=${RUN_TIMEOUT:-120}
 probe="$build/bin/hmc-probe"
 for tool in "$probe" "$(command -v ucx_perftest || true)"; do
@@ -68,14 +73,15 @@ messages() { if [ "$(bytes_of "$1")" -ge 1048576 ]; then echo "$iters_large"; el
 # hmc SIZE TLS [hmc-probe flags] -> "GBps lat_us eager_limit" of the 0->1 pair
 hmc() {
   UCX_TLS=$2 HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx timeout "$run_timeout" \
-    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" "${@:3}" \
+    "$probe" --local 2 --timeout "$run_timeout" -b "$1" -n "$(messages "$1")" --lat-iters "$lat_iters" \
+    --lat-warmup "$warmup" "${@:3}" \
     > "$scratch/hmc" 2>&1 || {
     echo "compare-ucx: hmc-probe failed:" >&2; cat "$scratch/hmc" >&2; return 1; }
   awk '$1 == "0" && $2 == "1" && $5 == "ucx" { print $6, $7, $9; found = 1 } END { exit !found }' "$scratch/hmc" || {
     echo "compare-ucx: no ucx pair in hmc-probe's output:" >&2; cat "$scratch/hmc" >&2; return 1; }
 }
 
-# perftest TLS TEST SIZE ITERS -> the "Final:" line's fields. The port is random; one
+# perftest TLS TEST SIZE ITERS [ucx_perftest flags] -> the "Final:" line's fields. The port is random; one
 # still held by an earlier run (the server's bind fails) gets up to two more tries.
 perftest() {
   local try port
@@ -84,7 +90,7 @@ perftest() {
     UCX_TLS=$1 timeout "$run_timeout" ucx_perftest -p "$port" > "$scratch/srv" 2>&1 &
     server=$!
     sleep 0.5
-    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" > "$scratch/cli" 2>&1 || true
+    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" "${@:5}" > "$scratch/cli" 2>&1 || true
     wait "$server" 2>/dev/null || true
     server=""
     grep -q 'bind() failed' "$scratch/srv" || break
@@ -116,8 +122,8 @@ for tls in $tls_list; do
       if [ "$size" = "${sizes%% *}" ]; then
         read -r _ lat _ < <(hmc "$size" "$tls" --lat-poll)
         echo "$lat" >> "$scratch/hq"
-        perftest "$tls" tag_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/ul"
-        perftest "$tls" ucp_am_lat 8 "$lat_iters" | awk '{ print $4 }' >> "$scratch/al"
+        perftest "$tls" tag_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/ul"
+        perftest "$tls" ucp_am_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/al"
       fi
     done
     hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")

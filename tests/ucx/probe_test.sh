@@ -18,6 +18,8 @@
 #   8. --put --notify over ucx and over shm: the matrix measures notified puts (the
 #      target checks that every notification came, in order; hmc-probe fails if not);
 #      --notify without --put is refused.
+#   9. --lat-warmup: the matrix says how many round trips were timed and how many
+#      untimed before them, with a latency over ucx; a negative count is refused.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -66,9 +68,16 @@ if timeout 60 "$probe" --local 2 --memory nope > "$scratch/heap-bad" 2>&1; then
   echo "FAILED: --memory nope was accepted"; cat "$scratch/heap-bad"; fail=1
 fi
 UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/poll" "$probe" --local 2 --timeout 60 -b 64K -n 20 --lat-poll
-check "--lat-poll: the matrix says the latency was polled" 'half a round trip of 8 B, polled' "$scratch/poll"
+check "--lat-poll: the matrix says the latency was polled" 'half a round trip of 8 B, polled, 2000 of them, after 10 untimed' "$scratch/poll"
 check "--lat-poll: 0->1 over ucx with a latency and an empty poll's cost" \
   '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' +[1-9][0-9]* +32K ' "$scratch/poll"
+UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/warm" "$probe" --local 2 --timeout 60 -b 8 -n 20 \
+  --lat-iters 300 --lat-warmup 3000
+check "--lat-warmup: the matrix says how many round trips were untimed" '8 B, 300 of them, after 3000 untimed' "$scratch/warm"
+check "--lat-warmup: 0->1 over ucx with a latency" '^ +0 +1 +cpu:0 +cpu:0 +ucx +[0-9.]+ +'"$positive"' ' "$scratch/warm"
+if timeout 60 "$probe" --local 2 --lat-warmup -5 > "$scratch/warm-bad" 2>&1; then
+  echo "FAILED: --lat-warmup -5 was accepted"; cat "$scratch/warm-bad"; fail=1
+fi
 for net in ucx shm; do
   UCX_TLS=shm HMC_PATH=$net run "$scratch/notify-$net" "$probe" --local 2 --timeout 60 -b 64K -n 200 --put --notify
   check "--put --notify over $net: the matrix measures notified puts" 'with 64 KiB notified puts' "$scratch/notify-$net"

@@ -7,6 +7,7 @@
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
 //   --put --notify             ... of puts that each carry a notification the target waits for
 //   --lat-poll                 ... latency with Request::test polled back to back
+//   --lat-iters N --lat-warmup W  ... N timed latency round trips per pair after W untimed
 //                              (every matrix also gives what one empty poll costs, "poll ns")
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)");
   app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
   app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")->check(CLI::PositiveNumber);
+  app.add_option("--lat-warmup", opt.lat_warmup,
+                 "untimed latency round trips per pair before the timed ones (ucx_perftest's -w: 10000)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--lat-poll", opt.lat_poll,
                "latency with Request::test polled back to back (as ucx_perftest polls) instead of Request::wait, "
                "which yields the CPU between polls");
@@ -98,7 +102,8 @@ int main(int argc, char** argv) {
   if (rank_worker) return worker(opt, json);
   if (local > 0) {
     std::vector<std::string> args = {"--rank-worker", "-b", std::to_string(opt.bytes), "-n", std::to_string(opt.iters),
-                                     "--lat-iters", std::to_string(opt.lat_iters), "-g", opt.device};
+                                     "--lat-iters", std::to_string(opt.lat_iters), "--lat-warmup",
+                                     std::to_string(opt.lat_warmup), "-g", opt.device};
     if (json) args.push_back("--json");
     if (opt.put) args.push_back("--put");
     if (opt.notify) args.push_back("--notify");

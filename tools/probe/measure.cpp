@@ -109,12 +109,12 @@ Status poll(Request r) {
 }
 
 // Ping-pong of 8 bytes; each side posts its receive before it sends.
-Result<double> latency(Communicator& c, int peer, bool first, int iters, bool polled) {
+Result<double> latency(Communicator& c, int peer, bool first, int iters, int warmup, bool polled) {
   // Not on the stack: an error return may leave a receive posted into `in`.
   static uint64_t in = 0, out = 0;
   auto t0 = Clock::now();
-  for (int i = 0; i < iters + 10; ++i) {
-    if (i == 10) t0 = Clock::now();
+  for (int i = 0; i < iters + warmup; ++i) {
+    if (i == warmup) t0 = Clock::now();
     if (first) {
       Request r = c.irecv(&in, 8, peer, kAckTag);
       Request s = c.isend(&out, 8, peer, kAckTag);
@@ -213,7 +213,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters, opt.notify)
                         : bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
       if (!bw) return bw.status();
-      auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_poll);
+      auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_warmup, opt.lat_poll);
       if (!lat) return lat.status();
       auto poll_ns = empty_poll_ns(c, peer, c.rank() == a);
       if (!poll_ns) return poll_ns.status();

@@ -64,8 +64,10 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                   double tcp_ref) {
   const std::size_t bytes = opt.bytes;
-  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B%s)\n",
-              size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages", opt.lat_poll ? ", polled" : "");
+  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B%s, "
+              "%d of them, after %d untimed)\n",
+              size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages", opt.lat_poll ? ", polled" : "",
+              opt.lat_iters, opt.lat_warmup);
   std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s %8s  %-7s %-11s %-6s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
               "lat us", "poll ns", "eager", "get", "split", "why");
   for (const auto& f : figs) {
@@ -92,7 +94,8 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
 nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                            double tcp_ref) {
   nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? (opt.notify ? "put+notify" : "put") : "send/recv"},
-                      {"latency_wait", opt.lat_poll ? "poll" : "wait"},
+                      {"latency_wait", opt.lat_poll ? "poll" : "wait"}, {"latency_round_trips", opt.lat_iters},
+                      {"latency_warmup", opt.lat_warmup},
                       {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
   j["pairs"] = nlohmann::json::array();
   for (const auto& f : figs)
