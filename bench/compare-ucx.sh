@@ -21,10 +21,10 @@
 # Both sides run the same number of messages (ITERS, default 20000 below 1 MiB,
 # ITERS_LARGE, default 1000, from 1 MiB); ucx_perftest warms up with its default
 # 10000, hmc-probe with a tenth of its count. For the latency both warm up with
-# WARMUP round trips (default 50000; ucx_perftest -w, hmc-probe --lat-warmup):
-# two ranks woken by hmc-probe's barrier may share one CPU until the scheduler
-# moves one, which took 10000-30000 round trips on the 2-vCPU VM
-# (docs/performance.md, "Warm-up").
+# WARMUP round trips (default 10000, ucx_perftest's own default; ucx_perftest -w,
+# hmc-probe --lat-warmup). On two vCPUs run nothing else meanwhile: a process that
+# takes one of them halves what the ranks get (docs/performance.md, "Measuring on
+# two vCPUs").
 # HMC's buffers come from Context::alloc; with ucx the only net provider they
 # come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 repeat=${REPEAT:-5} iters=${ITERS:-20000} iters_large=${ITERS_LARGE:-1000} lat_iters=${LAT_ITERS:-20000}
-warmup=${WARMUP:-50000}
+warmup=${WARMUP:-10000}
 run_timeout=${RUN_TIMEOUT:-120}
 probe="$build/bin/hmc-probe"
 for tool in "$probe" "$(command -v ucx_perftest || true)"; do

@@ -31,9 +31,7 @@ struct MeasureOptions {
   std::size_t bytes = 64u << 20;
   int iters = 20;
   int lat_iters = 2000;
-  // Round trips before the timed ones. Two ranks that were just woken (a barrier) may share
-  // one CPU until the scheduler moves one, tens of milliseconds on the development VM,
-  // and every round trip then costs a context switch: ucx_perftest warms up 10000.
+  // Round trips before the timed ones (ucx_perftest's -w; it warms up 10000).
   int lat_warmup = 10;
   std::string device = "cpu";  // --device: provider[:index][@ranks] (tools/common/device_spec.h)
   bool put = false;  // --put: bandwidth of one-sided puts into the peer's registered buffer
