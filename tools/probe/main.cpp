@@ -7,8 +7,8 @@
 //   --put                      ... bandwidth of one-sided puts instead of send/recv
 //   --put --notify             ... of puts that each carry a notification the target waits for
 //   --lat-poll                 ... latency with Request::test polled back to back
-//   --lat-iters N --lat-warmup W  ... N timed latency round trips per pair after W untimed
 //                              (every matrix also gives what one empty poll costs, "poll ns")
+//   --lat-iters N --lat-warmup W  ... N timed latency round trips per pair after W untimed
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
 //   --json                     machine-readable output
 #include <cstdio>
