@@ -78,6 +78,7 @@ check "--lat-warmup: 0->1 over ucx with a latency" '^ +0 +1 +cpu:0 +cpu:0 +ucx +
 if timeout 60 "$probe" --local 2 --lat-warmup -5 > "$scratch/warm-bad" 2>&1; then
   echo "FAILED: --lat-warmup -5 was accepted"; cat "$scratch/warm-bad"; fail=1
 fi
+check "--lat-warmup -5: refused with the reason" 'lat-warmup: Value -5 not in range' "$scratch/warm-bad"
 for net in ucx shm; do
   UCX_TLS=shm HMC_PATH=$net run "$scratch/notify-$net" "$probe" --local 2 --timeout 60 -b 64K -n 200 --put --notify
   check "--put --notify over $net: the matrix measures notified puts" 'with 64 KiB notified puts' "$scratch/notify-$net"
