@@ -60,6 +60,7 @@ Status CommImpl::setup(const UniqueId& id) {
     return {ErrorCode::kInvalidArgument, "malformed HMC_RNDV='" + rndv + "': expected 'auto', 'put', 'get' or 'split'"};
   rndv_ = rndv == "put" ? Rndv::kPut : rndv == "get" ? Rndv::kGet : rndv == "split" ? Rndv::kSplit : Rndv::kAuto;
   split_min_ = ctx_.config().size("HMC_RNDV_SPLIT");
+  turns_min_ = ctx_.config().size("HMC_RNDV_TURNS");
   stage_chunk_ = std::max<std::size_t>(ctx_.config().size("HMC_STAGE_CHUNK"), 4096);
   auto colon = id.root.rfind(':');
   if (colon == std::string::npos) return {ErrorCode::kInvalidArgument, "unique id root '" + id.root + "' is not host:port"};
@@ -121,6 +122,7 @@ Status CommImpl::setup(const UniqueId& id) {
     p.path.get_limit = get_limit_for(p, same_host);
     p.path.get_from = get_from_for(p, same_host);
     p.path.split_from = split_from_for(p, same_host);
+    p.path.turns_from = turns_from_for(p, same_host);
   }
   std::string verdict = mine_ok.ok() ? "" : mine_ok.to_string();
   auto verdicts = bootstrap_->allgather(std::vector<uint8_t>(verdict.begin(), verdict.end()), deadline);

@@ -172,6 +172,12 @@ class CommImpl : public Progressable {
     std::vector<CtrlSlot> ctrl;
     std::size_t next_ctrl = 0;
     bool repost = false;  // some ctrl slots took a message and wait to be posted again
+    // The last get-band rendezvous received from this peer, for taking turns (rndv_get.cpp).
+    struct {
+      const uint8_t* buf = nullptr;
+      std::size_t len = 0;
+      bool by_put = false;
+    } last_rndv;
     std::deque<RecvOp> posted;
     std::deque<Unexpected> unexpected;
     std::map<uint64_t, SendOp> rndv_sends;
@@ -264,6 +270,10 @@ class CommImpl : public Progressable {
   // Split rendezvous (rndv_split.cpp): from which size p uses it (SIZE_MAX: never); the
   // receiver's start (false when it cannot: r untouched) and the sender's answer to its CTS.
   std::size_t split_from_for(const Peer& p, bool same_host) const;
+  std::size_t turns_from_for(const Peer& p, bool same_host) const;
+  // Whether the receive r, matched to an RTS that offers a get, is the sender's turn to
+  // copy (PathInfo::turns_from, kRtsTurn); records it as the peer's last either way.
+  bool senders_turn(Peer& p, const RecvOp& r, uint64_t rts_flags);
   // Whether this rank has a rendezvous of that kind under way with any peer (rndv_sends or
   // rndv_recvs): then its core has copies of its own, and HMC_RNDV=auto does not split.
   template <class Op>
@@ -313,6 +323,7 @@ class CommImpl : public Progressable {
   std::size_t stage_chunk_ = 4 << 20;  // HMC_STAGE_CHUNK
   enum class Rndv { kAuto, kPut, kGet, kSplit } rndv_ = Rndv::kAuto;  // HMC_RNDV
   std::size_t split_min_ = 0;  // HMC_RNDV_SPLIT; 0: never
+  std::size_t turns_min_ = 0;  // HMC_RNDV_TURNS; 0: never
   // Staging buffers of receives that ended while chunk copies still read them: how many
   // copies each waits for before it is released.
   std::unordered_map<uint8_t*, int> draining_;

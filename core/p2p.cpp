@@ -152,9 +152,13 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
   uint64_t id = next_id_++;
   SendOp& send = p.rndv_sends[id] = {op, data, bytes, device};
   std::vector<uint8_t> key;  // the sender's buffer's, for a receiver that gets
-  const bool split = !device && bytes >= p.path.split_from && !busy_with(&Peer::rndv_recvs);
+  // Whether this core is free to copy this message or half of it (no rendezvous receive of
+  // its own under way): asked only at the sizes that split or take turns.
+  const bool free = !device && bytes >= std::min(p.path.split_from, p.path.turns_from) && !busy_with(&Peer::rndv_recvs);
+  const bool split = free && bytes >= p.path.split_from;
   const bool by_get = bytes <= p.path.get_limit || bytes >= p.path.get_from || split;
-  const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet | (split ? kRtsSplit : 0) : 0;
+  const uint64_t offered = (split ? kRtsSplit : 0) | (free && bytes >= p.path.turns_from ? kRtsTurn : 0);
+  const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet | offered : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
            [op](const Status& s) { if (!s.ok()) op->fail(s); });
 }
@@ -209,7 +213,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
   if ((rts_flags & kRtsSplit) && start_split(p, r, sender_id, key, key_len)) return;
   // A size the sender offered only for a split goes by put where this side cannot split.
   const bool get_band = size <= p.path.get_limit || size >= p.path.get_from;
-  if ((rts_flags & kRtsGet) && get_band && start_get(p, r, sender_id, key, key_len)) return;
+  if ((rts_flags & kRtsGet) && get_band && !senders_turn(p, r, rts_flags) && start_get(p, r, sender_id, key, key_len)) return;
   if (auto offer = ipc_offer(p, r, rts_flags)) {
     r.offered_ipc = true;
     std::vector<uint8_t> wire = encode_offer(*offer);

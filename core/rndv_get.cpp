@@ -14,6 +14,21 @@
 // for any reason but a lost peer falls back the same way; one that fails with the peer
 // lost fails the receive. Until the get ends, the receive stays in p.rndv_recvs and its
 // buffer is written: a lost peer fails it only once its get has ended (fail_pending).
+//
+// Taking turns (HMC_RNDV_TURNS, PathInfo::turns_from): between ranks of one host a get
+// leaves every copy of a one-way stream to the receiver while the sender waits. So from
+// HMC_RNDV_TURNS (64 KiB) up, below the split, a receiver that got the last such message
+// from a peer answers the next RTS with a CTS, and the sender puts that one: the two ranks
+// copy alternate messages at once (docs/performance.md, "Taking turns"; 96 KiB streams
+// 27-31 -> 39-46 GB/s on the 2-vCPU VM, 16-24 -> 20-29 on 16 cores; 40 KiB lost there,
+// hence the floor). Only in a stream (more from the peer posted for or arrived): a message
+// alone is faster by get, two messages instead of three. Only where the next buffer does
+// not overlap the last one: two ranks writing the same cache lines at once halved a stream
+// into one buffer (29 -> 14 GB/s at 64 KiB). As for a split, only where neither core
+// copies already: the sender offers its turn (kRtsTurn) only with no rendezvous receive of
+// its own under way, and a receiver with a rendezvous send under way gets.
+#include <algorithm>
+
 #include "core/comm_impl.h"
 #include "core/log.h"
 
@@ -31,6 +46,30 @@ std::size_t CommImpl::get_from_for(const Peer& p, bool same_host) const {
   const hmc_net_props_t& props = p.net->net_props;
   const std::size_t from = same_host ? props.rndv_get_from_same_host : props.rndv_get_from_remote;
   return from == 0 ? SIZE_MAX : from;
+}
+
+std::size_t CommImpl::turns_from_for(const Peer& p, bool same_host) const {
+  if (turns_min_ == 0 || rndv_ != Rndv::kAuto || !same_host || get_limit_for(p, same_host) == 0) return SIZE_MAX;
+  return turns_min_;
+}
+
+bool CommImpl::senders_turn(Peer& p, const RecvOp& r, uint64_t rts_flags) {
+  const auto last = p.last_rndv;
+  p.last_rndv = {r.buf, r.bytes, false};
+  if (!(rts_flags & kRtsTurn) || r.bytes < p.path.turns_from || r.device || last.by_put || !last.buf ||
+      busy_with(&Peer::rndv_sends))
+    return false;
+  if (r.buf < last.buf + last.len && last.buf < r.buf + r.bytes) return false;
+  // Only in a stream, where more from this peer is on its way (a receive of that size posted
+  // for it, or its RTS here): a message alone by put would take the CTS's round trip.
+  const std::size_t from = p.path.turns_from;
+  if (std::none_of(p.posted.begin(), p.posted.end(), [from](const RecvOp& q) { return q.bytes >= from; }) &&
+      std::none_of(p.unexpected.begin(), p.unexpected.end(), [](const Unexpected& u) { return u.type == MsgType::kRts; }))
+    return false;
+  // The CTS registers the buffer: only where the cache keeps that (as offer_get).
+  if (!ctx_.owns(r.buf, r.bytes)) return false;
+  p.last_rndv.by_put = true;
+  return true;
 }
 
 bool CommImpl::offer_get(Peer& p, SendOp& s, std::vector<uint8_t>& rkey) {

@@ -57,6 +57,13 @@ struct PathInfo {
   // rendezvous of its own under way the other way; a receive that cannot (device memory, a
   // buffer outside HMC allocations) gets or asks for a put as above.
   std::size_t split_from = SIZE_MAX;
+  // Rendezvous messages from this size up that are not split are copied in turns
+  // (SIZE_MAX: never): after a message it got, a receiver asks the sender to put the next
+  // one, if that goes into another buffer, so both ranks copy a stream. One host only, where
+  // the provider advises gets (HMC_RNDV_TURNS); a receive that cannot (device memory, a
+  // buffer outside HMC allocations) or whose rank has a rendezvous send of its own under
+  // way gets.
+  std::size_t turns_from = SIZE_MAX;
   // Eager flow control: how many bytes of eager messages (each counted with its 40-byte
   // header) this side may have sent to the peer that the peer's application has not yet
   // received. Past it, a message up to eager_limit waits for the peer's credit (up to

@@ -25,7 +25,8 @@ using ucx_test::ucx_missing;
 // completes so; one byte more goes by put, and the same receive times out until rank 0
 // comes back (as every size would with HMC_RNDV=put or the get disabled); from the second
 // band's start (get_from) up, gets again. The split rendezvous, which needs the sender from
-// 128 KiB up by default, is off here (test_split.cpp).
+// 128 KiB up by default, is off here (test_split.cpp); turns are not taken, each message
+// being alone (test_turns.cpp).
 TEST_CASE("ucx: over shared memory the receiver gets a rendezvous without the sender's help", "[ucx][rndv]") {
   if (ucx_missing()) return;
   SharedFlag flag;
