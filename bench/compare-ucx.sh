@@ -9,6 +9,9 @@
 #           (4 in flight, as hmc-probe measures; eager up to the eager limit the
 #           pair uses, printed, then rendezvous) and half the round trip of 8 B,
 #           waited for with Request::wait and (--lat-poll) polled with Request::test;
+#           with --rotate the same stream, the 4 messages in flight each from and
+#           into a buffer of their own (as a pipeline's; ucx_perftest, like osu_bw,
+#           moves every message from and into one buffer);
 #           and with --put the bandwidth of one-sided puts (Communicator::put,
 #           4 in flight, into the peer's registered buffer): what ucp_put_bw does;
 #           and with --put --notify the same puts each carrying a notification
@@ -100,18 +103,21 @@ perftest() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s %5s | %9s %9s %9s | %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager "HMC s/r" \
-  "HMC put" "put+ntf" "put_bw" "s/r:put" "put:put" "p+n:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat ratio polled ratio am_lat
+printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager \
+  "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat \
+  ratio polled ratio am_lat
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$(messages "$size")
-    for f in hb hp hn hl hq ub ul tb al; do : > "$scratch/$f"; done
+    for f in hb hr hp hn hl hq ub ul tb al; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat eager < <(hmc "$size" "$tls")
       echo "$gbps" >> "$scratch/hb"; echo "$lat" >> "$scratch/hl"
+      read -r gbps _ _ < <(hmc "$size" "$tls" --rotate)
+      echo "$gbps" >> "$scratch/hr"
       read -r gbps _ _ < <(hmc "$size" "$tls" --put)
       echo "$gbps" >> "$scratch/hp"
       read -r gbps _ _ < <(hmc "$size" "$tls" --put --notify)
@@ -126,7 +132,7 @@ for tls in $tls_list; do
         perftest "$tls" ucp_am_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/al"
       fi
     done
-    hb=$(median < "$scratch/hb"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
+    hb=$(median < "$scratch/hb"); hr=$(median < "$scratch/hr"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/ul" ]; then
       hl=$(median < "$scratch/hl"); hq=$(median < "$scratch/hq"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
       lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" \
@@ -134,12 +140,13 @@ for tls in $tls_list; do
     else
       lat_cols=$(printf "%7s %7s %6s %6s %7s %7s" "" "" "" "" "" "")
     fi
-    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f | %9.3f %s %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" "$hp" \
-      "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hp" "$ub")" "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" \
-      "$lat_cols"
+    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" \
+      "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" "$(ratio "$hn" "$ub")" \
+      "$tb" "$(ratio "$hb" "$tb")" "$lat_cols"
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
+echo "s/r rot: the same with --rotate (the messages in flight into 4 buffers in turn; rot:put = s/r rot / put_bw);"
 echo "HMC put: the same with --put (Communicator::put stream); put+ntf: --put --notify (each put notifies, the target waits"
 echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw, p+n:put = put+ntf / put_bw,"
 echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."

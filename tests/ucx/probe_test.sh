@@ -20,6 +20,9 @@
 #      --notify without --put is refused.
 #   9. --lat-warmup: the matrix says how many round trips were timed and how many
 #      untimed before them, with a latency over ucx; a negative count is refused.
+#  10. --rotate: the matrix says the messages in flight went into 4 buffers in turn, with a
+#      bandwidth over ucx (which copies in turns there from 64K: "64K+") and over tcp ("-"); notified
+#      puts into 4 places in turn still arrive in order.
 set -u
 probe=${1:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
 lib=${2:?usage: probe_test.sh path/to/hmc-probe path/to/lib}
@@ -88,4 +91,14 @@ if timeout 60 "$probe" --local 2 --notify > "$scratch/notify-alone" 2>&1; then
   echo "FAILED: --notify without --put was accepted"; cat "$scratch/notify-alone"; fail=1
 fi
 check "--notify without --put: refused with the reason" 'goes with --put' "$scratch/notify-alone"
+for tls in shm tcp; do
+  turns=$([ $tls = shm ] && echo '64K\+' || echo -)
+  UCX_TLS=$tls HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/rotate-$tls" "$probe" --local 2 --timeout 60 -b 64K -n 200 --rotate
+  check "--rotate, UCX_TLS=$tls: the matrix says the buffers rotate" 'with 64 KiB messages into 4 buffers in turn' "$scratch/rotate-$tls"
+  check "--rotate, UCX_TLS=$tls: 0->1 over ucx with a bandwidth, turns $turns" \
+    '^ +0 +1 +cpu:0 +cpu:0 +ucx +'"$positive"' .* '"$turns"' +forced by HMC_PATH' "$scratch/rotate-$tls"
+done
+UCX_TLS=shm HMC_PROVIDERS=cpu,ucx HMC_PATH=ucx run "$scratch/rotate-put" "$probe" --local 2 --timeout 60 -b 64K -n 200 --put --notify --rotate
+check "--put --notify --rotate: notified puts into 4 places in turn" 'with 64 KiB notified puts into 4 buffers in turn' "$scratch/rotate-put"
+check "--put --notify --rotate: 0->1 with a bandwidth" '^ +0 +1 +cpu:0 +cpu:0 +ucx +'"$positive"' ' "$scratch/rotate-put"
 exit $fail

@@ -10,6 +10,7 @@
 //                              (every matrix also gives what one empty poll costs, "poll ns")
 //   --lat-iters N --lat-warmup W  ... N timed latency round trips per pair after W untimed
 //   --memory malloc            ... host buffers from the heap (default: Context::alloc kShareable)
+//   --rotate                   ... the messages in flight each from and into a buffer of their own
 //   --json                     machine-readable output
 #include <cstdio>
 #include <iostream>
@@ -77,6 +78,9 @@ int main(int argc, char** argv) {
   app.add_flag("--notify", opt.notify,
                "with --put: every put carries a notification (its number), and the time runs until the target "
                "took the last one with Communicator::wait_notify");
+  app.add_flag("--rotate", opt.rotate,
+               "--local bandwidth with the 4 messages in flight going from and into 4 buffers in turn, as a "
+               "pipeline's would (default: all from and into one buffer, as ucx_perftest and osu_bw do)");
   app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
   auto* config_cmd = app.add_subcommand("config", "print the configuration table");
   CLI11_PARSE(app, argc, argv);
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
     if (opt.put) args.push_back("--put");
     if (opt.notify) args.push_back("--notify");
     if (opt.lat_poll) args.push_back("--lat-poll");
+    if (opt.rotate) args.push_back("--rotate");
     args.insert(args.end(), {"-m", opt.memory});
     return tools::run_local_ranks("hmc-probe", local, args, timeout_s);
   }

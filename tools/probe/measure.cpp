@@ -33,17 +33,26 @@ Status windowed(int n, const Issue& issue) {
 // Messages in the warm-up round before the timed one: connections, registrations, caches.
 int warmup_count(int iters) { return std::max(2, iters / 10); }
 
-// Sender streams `iters` messages (kWindow in flight), the receiver acknowledges the last.
-Result<double> bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, int iters) {
+// Where message i of `bytes` starts in `buf`: with --rotate (`rotate`) the buffer holds
+// kWindow messages and the messages in flight take them in turn; else each is at the start.
+std::size_t slot(std::size_t bytes, int i, bool rotate) {
+  return rotate ? bytes * static_cast<std::size_t>(i % kWindow) : 0;
+}
+
+// Sender streams `iters` messages of `bytes` (kWindow in flight), the receiver acknowledges
+// the last.
+Result<double> bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, std::size_t bytes, bool rotate, int iters) {
   uint8_t ack = 0;
   for (int round = 0; round < 2; ++round) {
     int n = round == 0 ? warmup_count(iters) : iters;
+    int i = 0;
     auto t0 = Clock::now();
     HMC_RETURN_IF_ERROR(windowed(n, [&] {
-      return sender ? c.isend(buf.data(), buf.size(), peer, kDataTag) : c.irecv(buf.data(), buf.size(), peer, kDataTag);
+      uint8_t* at = static_cast<uint8_t*>(buf.data()) + slot(bytes, i++, rotate);
+      return sender ? c.isend(at, bytes, peer, kDataTag) : c.irecv(at, bytes, peer, kDataTag);
     }));
     HMC_RETURN_IF_ERROR(sender ? c.recv(&ack, 1, peer, kAckTag) : c.send(&ack, 1, peer, kAckTag));
-    if (round == 1) return static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
+    if (round == 1) return static_cast<double>(bytes) * n / seconds_since(t0) / 1e9;
   }
   return 0.0;
 }
@@ -69,8 +78,8 @@ Result<std::vector<RemoteKey>> all_keys(Communicator& c, const RemoteKey& mine) 
 // peer it is done; the time runs until the last put completed (its data is in the peer's
 // memory). With `notify`, every put carries its number and the time runs until the target
 // has taken every notification (Communicator::wait_notify), each checked to come in order.
-Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, const RemoteKey& key, int iters,
-                             bool notify) {
+Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf, std::size_t bytes, bool rotate,
+                             const RemoteKey& key, int iters, bool notify) {
   uint8_t done = 0;
   uint64_t seq = 0;
   double gbps = 0;
@@ -87,12 +96,15 @@ Result<double> put_bandwidth(Communicator& c, int peer, bool sender, Buffer& buf
       if (notify) HMC_RETURN_IF_ERROR(c.send(&done, 1, peer, kAckTag));
       continue;
     }
+    int i = 0;
     auto t0 = Clock::now();
     HMC_RETURN_IF_ERROR(windowed(n, [&] {
-      return notify ? c.put(peer, buf.data(), buf.size(), key, 0, seq++) : c.put(peer, buf.data(), buf.size(), key, 0);
+      const std::size_t at = slot(bytes, i++, rotate);
+      const uint8_t* src = static_cast<uint8_t*>(buf.data()) + at;
+      return notify ? c.put(peer, src, bytes, key, at, seq++) : c.put(peer, src, bytes, key, at);
     }));
     if (notify) HMC_RETURN_IF_ERROR(c.recv(&done, 1, peer, kAckTag));
-    gbps = static_cast<double>(buf.size()) * n / seconds_since(t0) / 1e9;
+    gbps = static_cast<double>(bytes) * n / seconds_since(t0) / 1e9;
   }
   if (!notify) HMC_RETURN_IF_ERROR(sender ? c.send(&done, 1, peer, kAckTag) : c.recv(&done, 1, peer, kAckTag));
   return gbps;
@@ -189,7 +201,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   if (!spec) return spec.status();
   auto dev = tools::pick_device(ctx, c, spec.value());
   if (!dev) return dev.status();
-  auto buf = buffer(ctx, dev.value(), opt.bytes, opt.memory);
+  auto buf = buffer(ctx, dev.value(), opt.rotate ? opt.bytes * kWindow : opt.bytes, opt.memory);
   if (!buf) return buf.status();
   auto devices = all_devices(c, dev.value());
   if (!devices) return devices.status();
@@ -210,8 +222,9 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
       HMC_RETURN_IF_ERROR(c.barrier());
       if (c.rank() != a && c.rank() != b) continue;
       int peer = c.rank() == a ? b : a;
-      auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), keys[peer], opt.iters, opt.notify)
-                        : bandwidth(c, peer, c.rank() == a, buf.value(), opt.iters);
+      auto bw = opt.put ? put_bandwidth(c, peer, c.rank() == a, buf.value(), opt.bytes, opt.rotate, keys[peer], opt.iters,
+                                        opt.notify)
+                        : bandwidth(c, peer, c.rank() == a, buf.value(), opt.bytes, opt.rotate, opt.iters);
       if (!bw) return bw.status();
       auto lat = latency(c, peer, c.rank() == a, opt.lat_iters, opt.lat_warmup, opt.lat_poll);
       if (!lat) return lat.status();
@@ -223,7 +236,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
         mine.push_back({a, b, c.path(b).provider, c.path(b).reason, c.peer(b).hostname, from, to,
                         host ? "" : c.path(b).device_path, bw.value(), lat.value(), poll_ns.value(), c.path(b).eager_limit,
                         c.path(b).get_limit, c.path(b).get_from, c.path(b).eager_window, c.path(b).credit_wait.count(),
-                        c.path(b).split_from});
+                        c.path(b).split_from, c.path(b).turns_from});
       }
     }
   }
@@ -233,12 +246,13 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
     rows.push_back({{"from", f.from}, {"to", f.to}, {"provider", f.provider}, {"reason", f.reason},
                     {"host", f.peer_host}, {"fd", f.from_device}, {"td", f.to_device}, {"dp", f.device_path},
                     {"bw", f.bandwidth_gbps}, {"lat", f.latency_us}, {"poll", f.poll_ns}, {"eager", f.eager_limit},
-                    {"get", f.get_limit}, {"gfrom", f.get_from}, {"win", f.eager_window}, {"cw", f.credit_wait_us}, {"split", f.split_from}});
+                    {"get", f.get_limit}, {"gfrom", f.get_from}, {"win", f.eager_window}, {"cw", f.credit_wait_us}, {"split", f.split_from},
+                    {"turns", f.turns_from}});
   std::vector<PairFigures> all;
   auto add = [&](const nlohmann::json& j) {
     for (const auto& r : j)
       all.push_back({r["from"], r["to"], r["provider"], r["reason"], r["host"], r["fd"], r["td"], r["dp"], r["bw"], r["lat"],
-                     r["poll"], r["eager"], r["get"], r["gfrom"], r["win"], r["cw"], r["split"]});
+                     r["poll"], r["eager"], r["get"], r["gfrom"], r["win"], r["cw"], r["split"], r["turns"]});
   };
   if (c.rank() != 0) {
     std::string text = rows.dump();

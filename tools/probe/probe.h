@@ -25,6 +25,7 @@ struct PairFigures {
   std::size_t eager_window = 0;  // eager bytes ahead of the receiver (PathInfo::eager_window)
   int64_t credit_wait_us = 0;    // a send past the window waits this long (PathInfo::credit_wait)
   std::size_t split_from = SIZE_MAX;  // rendezvous from this size up split (PathInfo::split_from)
+  std::size_t turns_from = SIZE_MAX;  // unsplit rendezvous from this size up copied in turns (PathInfo::turns_from)
 };
 
 struct MeasureOptions {
@@ -38,6 +39,7 @@ struct MeasureOptions {
   bool notify = false;  // --notify: every put carries a notification the target waits for
   bool lat_poll = false;  // --lat-poll: latency with Request::test polled back to back, not wait()
   std::string memory = "shareable";  // --memory: host buffers from kShareable, kDefault or malloc
+  bool rotate = false;  // --rotate: the messages in flight each have a buffer of their own
 };
 
 // A rank's buffer: from Context::alloc, or (--memory malloc) from the heap.

@@ -64,21 +64,24 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                   double tcp_ref) {
   const std::size_t bytes = opt.bytes;
-  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s, latency half a round trip of 8 B%s, "
+  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s%s, latency half a round trip of 8 B%s, "
               "%d of them, after %d untimed)\n",
-              size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages", opt.lat_poll ? ", polled" : "",
+              size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages",
+              opt.rotate ? " into 4 buffers in turn" : "", opt.lat_poll ? ", polled" : "",
               opt.lat_iters, opt.lat_warmup);
-  std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s %8s  %-7s %-11s %-6s %s\n", "from", "to", "buffer", "peer buf", "path", "GB/s",
-              "lat us", "poll ns", "eager", "get", "split", "why");
+  std::printf("  %-5s %-5s %-8s %-8s %-6s %10s %10s %8s  %-7s %-11s %-6s %-5s %s\n", "from", "to", "buffer", "peer buf", "path",
+              "GB/s", "lat us", "poll ns", "eager", "get", "split", "turns", "why");
   for (const auto& f : figs) {
     // "512K": gets up to 512 KiB; "512K,1536K+": and from 1.5 MiB up.
     std::string get = f.get_limit == 0 ? "-" : f.get_limit == SIZE_MAX ? "any" : short_size(f.get_limit);
     if (f.get_limit != 0 && f.get_from != SIZE_MAX) get += "," + short_size(f.get_from) + "+";
     // "128K+": rendezvous from 128 KiB up are split between the two ranks.
     const std::string split = f.split_from == SIZE_MAX ? "-" : f.split_from == 0 ? "any" : short_size(f.split_from) + "+";
-    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.2f %8.0f  %-7s %-11s %-6s %s%s%s\n", f.from, f.to, f.from_device.c_str(),
-                f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, f.poll_ns, short_size(f.eager_limit).c_str(),
-                get.c_str(), split.c_str(), f.reason.c_str(), f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
+    // "64K+": unsplit rendezvous from 64 KiB up that the receiver could get are copied in turns.
+    const std::string turns = f.turns_from == SIZE_MAX ? "-" : short_size(f.turns_from) + "+";
+    std::printf("  %-5d %-5d %-8s %-8s %-6s %10.2f %10.2f %8.0f  %-7s %-11s %-6s %-5s %s%s%s\n", f.from, f.to,
+                f.from_device.c_str(), f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, f.poll_ns,
+                short_size(f.eager_limit).c_str(), get.c_str(), split.c_str(), turns.c_str(), f.reason.c_str(), f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
   }
   std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
               human(bytes).c_str(), memcpy_ref, tcp_ref);
@@ -94,6 +97,7 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
 nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                            double tcp_ref) {
   nlohmann::json j = {{"ranks", size}, {"bytes", opt.bytes}, {"bandwidth_of", opt.put ? (opt.notify ? "put+notify" : "put") : "send/recv"},
+                      {"rotate", opt.rotate},
                       {"latency_wait", opt.lat_poll ? "poll" : "wait"}, {"latency_round_trips", opt.lat_iters},
                       {"latency_warmup", opt.lat_warmup},
                       {"reference", {{"memcpy_gbps", memcpy_ref}, {"tcp_stream_gbps", tcp_ref}}}};
@@ -104,7 +108,8 @@ nlohmann::json matrix_json(int size, const std::vector<PairFigures>& figs, const
                           {"device_path", f.device_path}, {"bandwidth_gbps", f.bandwidth_gbps},
                           {"latency_us", f.latency_us}, {"poll_ns", f.poll_ns}, {"eager_limit", f.eager_limit},
                           {"get_limit", f.get_limit}, {"get_from", f.get_from}, {"eager_window", f.eager_window},
-                          {"credit_wait_us", f.credit_wait_us}, {"split_from", f.split_from}});
+                          {"credit_wait_us", f.credit_wait_us}, {"split_from", f.split_from},
+                          {"turns_from", f.turns_from}});
   return j;
 }
 
