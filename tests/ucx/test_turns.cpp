@@ -19,12 +19,14 @@ namespace {
 
 constexpr std::size_t kBytes = 64u << 10;  // above ucx's eager limit on one host, below the split
 
-// Rank 0 sends three messages from buffers of their own and stays out of HMC. Rank 1
-// receives them into `slots[i]` of its buffer; those marked `alone` it gets by itself, the
-// others wait for rank 0's put: after a second they have not ended and their bytes are
-// still the fill. Then rank 0 comes back and every message arrives whole. `busy`: rank 1
-// first starts a 1 MiB send to rank 0 that stays under way. `reuse`: rank 1 posts the
-// second receive only once the first ended.
+// Rank 1 posts its receives into `slots[i]` of its buffer; then rank 0 sends three messages
+// from buffers of their own and stays out of HMC. Those marked `alone` rank 1 gets by
+// itself, the others wait for rank 0's put: after a second they have not ended and their
+// bytes are still the fill. Then rank 0 comes back and every message arrives whole. The
+// receives are posted before the messages come, so each message finds the later ones'
+// receives posted (a stream) whatever the timing. `busy`: rank 1 first starts a 1 MiB send
+// to rank 0 that stays under way. `reuse`: rank 1 posts the second and third receives only
+// once the first ended.
 int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3], const bool alone[3], bool busy,
                    bool reuse) {
   const int peer = 1 - e.rank;
@@ -37,12 +39,13 @@ int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3
   for (int i = 0; i < 3; ++i) payload.push_back(test::random_bytes(kBytes, 300 + i));
   const auto pending = test::random_bytes(big->size(), 310);
   if (e.rank == 0) {
+    HMC_EXPECT(flag.await(1), "rank 1 did not post its receives");
     std::vector<Request> sends;
     for (int i = 0; i < 3; ++i) {
       std::memcpy(buf + i * kBytes, payload[i].data(), kBytes);
       sends.push_back(e.comm.isend(buf + i * kBytes, kBytes, peer, 60 + i));
     }
-    HMC_EXPECT(flag.await(1), "rank 1 did not look at the messages while rank 0 was away");
+    HMC_EXPECT(flag.await(2), "rank 1 did not look at the messages while rank 0 was away");
     HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
     if (busy) {
       HMC_EXPECT_OK(e.comm.recv(big->data(), big->size(), peer, 69));
@@ -58,14 +61,20 @@ int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3
   std::memset(buf, 0xA5, 3 * kBytes);
   auto arrived = [&](int i) { return std::memcmp(buf + slots[i], payload[i].data(), kBytes) == 0; };
   Request r[3];
-  r[0] = e.comm.irecv(buf + slots[0], kBytes, peer, 60);
+  auto post = [&](int i) { r[i] = e.comm.irecv(buf + slots[i], kBytes, peer, 60 + i); };
+  post(0);
+  if (!reuse) {
+    post(1);
+    post(2);
+  }
+  flag.store(1);
   if (reuse) {
     HMC_EXPECT(alone[0], "a reused buffer needs the first message to end alone");
     HMC_EXPECT_OK(r[0].wait(std::chrono::seconds(10)));
     HMC_EXPECT(arrived(0), "message 0 arrived wrong");
+    post(1);
+    post(2);
   }
-  r[1] = e.comm.irecv(buf + slots[1], kBytes, peer, 61);
-  r[2] = e.comm.irecv(buf + slots[2], kBytes, peer, 62);
   for (int i = 0; i < 3; ++i) {
     const std::string what = "message " + std::to_string(i);
     if (alone[i]) {
@@ -78,7 +87,7 @@ int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3
     HMC_EXPECT(std::all_of(buf + slots[i], buf + slots[i] + kBytes, [](uint8_t b) { return b == 0xA5; }),
                "bytes of " + what + " arrived while its sender was away");
   }
-  flag.store(1);
+  flag.store(2);
   for (int i = 0; i < 3; ++i) {
     HMC_EXPECT_OK(r[i].wait(std::chrono::seconds(10)));
     HMC_EXPECT(r[i].bytes() == kBytes, std::to_string(r[i].bytes()) + " bytes reported");
