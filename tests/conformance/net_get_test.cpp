@@ -127,3 +127,57 @@ TEST_CASE("net: gets past the end or with a stale or forged key are refused", "[
     }
   });
 }
+
+// The host's rendezvous between ranks of one host (the split, taking turns) has gets and
+// puts under way on one connection at once, from and into different regions: eight of each
+// in flight, taken in turns, before the first is waited for. Every get holds its slot of
+// the source and every put lands whole in its own; the source is only read. Memory whose
+// gets the provider refuses (a heap the peer cannot map) is skipped: the host puts there.
+TEST_CASE("net: gets and puts in flight at once on one connection each land whole", "[net][get][put]") {
+  for_each_get_pair([](Session& s, Session& t, Link& link) {
+    if (!s.has(HMC_NET_CAP_PUT)) return;
+    constexpr int kEach = 8;
+    constexpr size_t kLen = (64 << 10) + 64;
+    uint64_t salt = 450;
+    for (Mem mem : with_provider(s, {Mem::heap, Mem::shared})) {
+      INFO(mem_name(mem));
+      Region from(t, kEach * kLen, mem, 64), into(t, kEach * kLen, mem, 64);
+      const auto source = random_bytes(from.size(), ++salt);
+      std::memcpy(from.data(), source.data(), source.size());
+      const auto sent = random_bytes(into.size(), ++salt);
+      std::vector<Dest> got;
+      for (int i = 0; i < kEach; ++i) got.emplace_back(kLen);
+      Outcome probe = get_outcome(s, link.a, got[0].data(), kLen, from.rkey, 0);
+      if (probe.rc == HMC_PROV_ERR_INVALID && !(advises_same_host_gets(s) && mem == Mem::provider)) continue;
+      REQUIRE(probe.rc == HMC_PROV_OK);
+      std::vector<std::pair<void*, std::string>> reqs;
+      for (int i = 0; i < kEach; ++i) {
+        void* g = nullptr;
+        void* p = nullptr;
+        REQUIRE(s.p->get(s.state, link.a, got[i].data(), kLen, nullptr, from.rkey.data(), from.rkey.size(), i * kLen, &g) ==
+                HMC_PROV_OK);
+        REQUIRE(s.p->put(s.state, link.a, sent.data() + i * kLen, kLen, nullptr, into.rkey.data(), into.rkey.size(),
+                         i * kLen, &p) == HMC_PROV_OK);
+        reqs.emplace_back(g, "get " + std::to_string(i));
+        reqs.emplace_back(p, "put " + std::to_string(i));
+      }
+      for (auto& [req, what] : reqs) {
+        INFO(what);
+        REQUIRE(req != nullptr);
+        Outcome o = s.wait(req);
+        INFO("rc " << o.rc << " " << o.message);
+        REQUIRE_FALSE(o.timed_out);
+        CHECK(o.rc == HMC_PROV_OK);
+        CHECK(o.done);
+        CHECK(o.bytes == kLen);
+      }
+      for (int i = 0; i < kEach; ++i) {
+        INFO("slot " << i);
+        got[i].check(source.data() + i * kLen);
+      }
+      check_region(into, 0, sent);
+      CHECK(first_diff(from.data(), source.data(), from.size()) == from.size());  // read, not written
+      CHECK(first_not(from.data() + from.size(), 64, kPoison) == 64);
+    }
+  });
+}
