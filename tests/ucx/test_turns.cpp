@@ -141,8 +141,9 @@ TEST_CASE("ucx: the receiver and the sender take turns at copying a stream", "[u
 
 // A sender with a rendezvous receive of its own under way does not offer its turn (its
 // RTS lacks kRtsTurn): it copies already. Rank 2 starts a 1 MiB send to rank 0 and stays
-// away, so rank 0's receive of it stays under way; rank 0 then sends three messages to
-// rank 1 and stays away too: rank 1 gets all three by itself.
+// away; rank 0 gets its half of that split message, so its receive is under way until
+// rank 2 comes back. Rank 0 then sends three messages to rank 1 and stays away too: rank 1
+// gets all three by itself.
 TEST_CASE("ucx: a sender with a rendezvous receive under way is not asked to put", "[ucx][rndv][turns]") {
   if (ucx_missing()) return;
   SharedFlag flag;
@@ -162,9 +163,18 @@ TEST_CASE("ucx: a sender with a rendezvous receive under way is not asked to put
       HMC_EXPECT_OK(s.wait());
     } else if (e.rank == 0) {
       HMC_EXPECT(e.comm.path(1).turns_from == kBytes, "no turns to rank 1");
-      Request big_recv = e.comm.irecv(big->data(), big->size(), 2, 69);
-      Status early = big_recv.wait(std::chrono::milliseconds(300));  // takes the RTS; rank 2 is away
-      HMC_EXPECT(early.code() == ErrorCode::kTimeout, "the 1 MiB receive ended with its sender away: " + early.to_string());
+      // Waits until the receive is under way, however late rank 2's RTS comes: its half of
+      // the split (the second) arrived while rank 2 is away.
+      auto* b = static_cast<uint8_t*>(big->data());
+      const std::size_t head = big->size() / 2;
+      std::memset(b, 0, big->size());
+      Request big_recv = e.comm.irecv(b, big->size(), 2, 69);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::memcmp(b + head, pending.data() + head, head) != 0 && std::chrono::steady_clock::now() < until) {
+        Status early = big_recv.wait(std::chrono::milliseconds(20));
+        HMC_EXPECT(early.code() == ErrorCode::kTimeout, "the 1 MiB receive ended with its sender away: " + early.to_string());
+      }
+      HMC_EXPECT(std::memcmp(b + head, pending.data() + head, head) == 0, "rank 0 did not get its half of rank 2's message");
       std::vector<Request> sends;
       for (int i = 0; i < 3; ++i) {
         std::memcpy(buf + i * kBytes, payload[i].data(), kBytes);
