@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -147,10 +148,33 @@ class CommImpl : public Progressable {
     uint64_t aux;  // kRts flags
     std::vector<uint8_t> data;  // kEager: the message; kRts with kRtsGet: the sender's rkey
   };
-  // A provider request in flight and what to do when it ends.
+  // What a provider request's end does: runs `done` where set; else fails `op` if the request
+  // failed and, where `completes`, completes it with `bytes` if not. The common sends take
+  // the second form: a std::function holding a shared_ptr is a heap block per message.
+  struct OnEnd {
+    std::function<void(const Status&)> done;
+    std::shared_ptr<Operation> op;
+    std::size_t bytes = 0;
+    bool completes = false;
+    OnEnd() = default;
+    OnEnd(std::nullptr_t) {}  // NOLINT(google-explicit-constructor)
+    template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, OnEnd> &&
+                                                std::is_invocable_v<F&, const Status&>>>
+    OnEnd(F f) : done(std::move(f)) {}  // NOLINT(google-explicit-constructor)
+    static OnEnd fails(std::shared_ptr<Operation> op) { return with(std::move(op), 0, false); }
+    static OnEnd completes_with(std::shared_ptr<Operation> op, std::size_t bytes) { return with(std::move(op), bytes, true); }
+    void operator()(const Status& s) const;
+
+   private:
+    static OnEnd with(std::shared_ptr<Operation> op, std::size_t bytes, bool completes);
+  };
+  struct MsgBuf;
+  // A provider request in flight, what to do when it ends, and the wire buffer of a
+  // message, kept until the provider is done with it.
   struct Inflight {
     void* req;
-    std::function<void(const Status&)> done;
+    OnEnd end;
+    std::shared_ptr<MsgBuf> msg{};
   };
   struct PendingNotify {
     uint64_t value;
@@ -223,13 +247,13 @@ class CommImpl : public Progressable {
   // and `data` then points there.
   Status via_host(const uint8_t*& data, std::size_t bytes, std::vector<uint8_t>& host);
   void post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
-                const void* payload, std::size_t payload_len, std::function<void(const Status&)> done);
+                const void* payload, std::size_t payload_len, OnEnd end);
   // Keeps a provider request until it ends; a call that failed at once (rc, or no request)
   // runs `done` with the error now and returns it.
-  Status track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what);
+  Status track(Peer& p, int rc, void* req, OnEnd end, const char* what, std::shared_ptr<MsgBuf> msg = nullptr);
   // Tests `req` once: when it ended, runs `done` with how (a lost peer marked lost) and
   // returns true; false while it is pending (the request is then still the caller's).
-  bool ended(Peer& p, void* req, const std::function<void(const Status&)>& done);
+  bool ended(Peer& p, void* req, const OnEnd& end);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).

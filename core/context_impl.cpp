@@ -162,6 +162,7 @@ Result<Memory> ContextImpl::alloc(const DeviceId& device, std::size_t bytes, All
   {
     std::lock_guard lock(mu_);
     allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id_++, kind, device_mem, net, mr};
+    if (device_mem) device_allocs_.fetch_add(1, std::memory_order_relaxed);
   }
   return Memory(this, device, ptr, bytes, kind);
 }
@@ -183,6 +184,7 @@ void ContextImpl::free(const DeviceId& device, void* ptr) {
     if (it == allocations_.end()) return;
     a = it->second;
     allocations_.erase(it);
+    if (a.device_mem) device_allocs_.fetch_sub(1, std::memory_order_relaxed);
     free_generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (a.pinned_by && a.pinned_by->dev->host_unregister(a.pinned_by->state, ptr) != 0)
@@ -217,6 +219,15 @@ ContextImpl::MemInfo ContextImpl::mem_info(const void* ptr, std::size_t bytes) c
   if (!found) return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0};
   const Allocation& a = found->second;
   return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes};
+}
+
+bool ContextImpl::device_mem(const void* ptr, std::size_t bytes) const {
+  // A pointer into device memory comes from an allocation that its caller saw made, so
+  // its count is visible to that thread.
+  if (device_allocs_.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard lock(mu_);
+  const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1));
+  return found && found->second.device_mem;
 }
 
 bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {

@@ -62,6 +62,9 @@ class ContextImpl {
     std::size_t alloc_bytes = 0;
   };
   MemInfo mem_info(const void* ptr, std::size_t bytes) const;
+  // mem_info(ptr, bytes).device_mem, without the lock while no device memory is allocated
+  // (every send and receive asks).
+  bool device_mem(const void* ptr, std::size_t bytes) const;
 
   // dst = a op b elementwise, on the device of dst (collectives use this).
   Status reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op);
@@ -105,6 +108,7 @@ class ContextImpl {
   std::string host_id_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
+  std::atomic<int> device_allocs_{0};  // of them, device memory (changed under mu_)
   std::atomic<uint64_t> free_generation_{0};
   uint64_t next_alloc_id_ = 1;
   std::vector<std::unique_ptr<BootstrapRoot>> roots_;

@@ -49,14 +49,29 @@ Status from_provider(int rc, const char* msg, const std::string& who) {
   return {code, who + ": " + text};
 }
 
-Status CommImpl::track(Peer& p, int rc, void* req, std::function<void(const Status&)> done, const char* what) {
+CommImpl::OnEnd CommImpl::OnEnd::with(std::shared_ptr<Operation> op, std::size_t bytes, bool completes) {
+  OnEnd e;
+  e.op = std::move(op);
+  e.bytes = bytes;
+  e.completes = completes;
+  return e;
+}
+
+void CommImpl::OnEnd::operator()(const Status& s) const {
+  if (done) return done(s);
+  if (!op) return;
+  if (!s.ok()) op->fail(s);
+  else if (completes) op->complete(bytes);
+}
+
+Status CommImpl::track(Peer& p, int rc, void* req, OnEnd end, const char* what, std::shared_ptr<MsgBuf> msg) {
   if (rc != 0 || !req) {
     Status s = from_provider(rc, nullptr, std::string(what) + " to " + describe(p));
-    done(s);
+    end(s);
     if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
     return s;
   }
-  p.inflight.push_back({req, std::move(done)});
+  p.inflight.push_back({req, std::move(end), std::move(msg)});
   return {};
 }
 
@@ -72,7 +87,7 @@ std::shared_ptr<CommImpl::MsgBuf> CommImpl::take_msg_buf(std::size_t len) {
 }
 
 void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
-                        const void* payload, std::size_t payload_len, std::function<void(const Status&)> done) {
+                        const void* payload, std::size_t payload_len, OnEnd end) {
   const std::size_t len = sizeof(WireHeader) + payload_len;
   auto msg = take_msg_buf(len);
   WireHeader h{kWireMagic, static_cast<uint32_t>(type), tag, id, size, aux};
@@ -80,8 +95,8 @@ void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64
   if (payload_len) std::memcpy(msg->bytes.get() + sizeof(h), payload, payload_len);
   void* req = nullptr;
   int rc = p.net->net->send_msg(p.net->state, p.conn, msg->bytes.get(), len, &req);
-  // A send refused at once reaches `done` like one that fails later.
-  (void)track(p, rc, req, [msg = std::move(msg), done = std::move(done)](const Status& s) { if (done) done(s); }, "send");
+  // A send refused at once reaches `end` like one that fails later.
+  (void)track(p, rc, req, std::move(end), "send", std::move(msg));
 }
 
 void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
@@ -100,7 +115,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   if (!p.lost.ok()) return Operation::failed(p.lost);
   auto op = Operation::make(ctx_.engine());
   const auto* data = static_cast<const uint8_t*>(buf);
-  const bool device = bytes && ctx_.mem_info(buf, bytes).device_mem;
+  const bool device = bytes && ctx_.device_mem(buf, bytes);
   if (p.net) {
     if (must_hold(p, bytes, device)) p.held.push_back({op, data, bytes, tag, device, Clock::now() + p.path.credit_wait});
     else start_send(p, op, data, bytes, tag, device);
@@ -143,10 +158,7 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
     std::vector<uint8_t> host;
     if (Status s = device ? via_host(data, bytes, host) : Status{}; !s.ok()) return op->fail(s);
     spend_eager_credit(p, bytes);
-    post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, [op, bytes](const Status& s) {
-      if (s.ok()) op->complete(bytes);
-      else op->fail(s);
-    });
+    post_msg(p, MsgType::kEager, tag, 0, bytes, 0, data, bytes, OnEnd::completes_with(op, bytes));
     return;
   }
   uint64_t id = next_id_++;
@@ -159,8 +171,7 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
   const bool by_get = bytes <= p.path.get_limit || bytes >= p.path.get_from || split;
   const uint64_t offered = (split ? kRtsSplit : 0) | (free && bytes >= p.path.turns_from ? kRtsTurn : 0);
   const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet | offered : 0;
-  post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(),
-           [op](const Status& s) { if (!s.ok()) op->fail(s); });
+  post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(), OnEnd::fails(op));
 }
 
 std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int peer, uint64_t tag) {
@@ -169,7 +180,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
   Peer& p = peers_[peer];
   auto op = Operation::make(ctx_.engine());
   RecvOp r{op, static_cast<uint8_t*>(buf), bytes, tag, next_id_++};
-  r.device = bytes && ctx_.mem_info(buf, bytes).device_mem;
+  r.device = bytes && ctx_.device_mem(buf, bytes);
   for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
     if (it->tag != tag) continue;
     Unexpected u = std::move(*it);
@@ -220,8 +231,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     uint64_t id = r.id;
     auto op = r.op;
     p.rndv_recvs[id] = std::move(r);
-    post_msg(p, MsgType::kCtsIpc, 0, sender_id, size, id, wire.data(), wire.size(),
-             [op](const Status& s) { if (!s.ok()) op->fail(s); });
+    post_msg(p, MsgType::kCtsIpc, 0, sender_id, size, id, wire.data(), wire.size(), OnEnd::fails(op));
     return;
   }
   r.offered_ipc = false;
@@ -237,8 +247,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
   auto op = r.op;
   const bool staged = r.staged != nullptr;
   p.rndv_recvs[id] = std::move(r);
-  post_msg(p, MsgType::kCts, staged ? kCtsStaged : 0, sender_id, size, id, rkey.data(), len,
-           [op](const Status& s) { if (!s.ok()) op->fail(s); });
+  post_msg(p, MsgType::kCts, staged ? kCtsStaged : 0, sender_id, size, id, rkey.data(), len, OnEnd::fails(op));
 }
 
 // Buffers inside HMC allocations keep their registration between messages: a provider
@@ -599,7 +608,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
 }
 
-bool CommImpl::ended(Peer& p, void* req, const std::function<void(const Status&)>& done) {
+bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
   int finished = 0;
   std::size_t bytes = 0;
   char message[256];
@@ -607,7 +616,7 @@ bool CommImpl::ended(Peer& p, void* req, const std::function<void(const Status&)
   int rc = p.net->net->test(p.net->state, req, &finished, &bytes, message, sizeof(message));
   if (rc == 0 && !finished) return false;
   Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
-  done(s);
+  end(s);
   if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
   return true;
 }
@@ -629,7 +638,7 @@ bool CommImpl::progress_peer(Peer& p) {
     current.clear();
     std::swap(current, p.inflight);
     for (auto& f : current) {
-      if (!ended(p, f.req, f.done)) { p.inflight.push_back(std::move(f)); continue; }
+      if (!ended(p, f.req, f.end)) { p.inflight.push_back(std::move(f)); continue; }
       any = true;
     }
     current.clear();
@@ -668,7 +677,7 @@ bool CommImpl::progress() {
   // The control plane may learn of a peer's end before its connection does: what the
   // connection already holds (its last messages, a FIN) is taken first (a bounded number
   // of passes), then the loss fails what is still pending.
-  if (lost_changed_.exchange(false)) {
+  if (lost_changed_.load(std::memory_order_relaxed) && lost_changed_.exchange(false)) {
     for (int r : bootstrap_->lost_peers()) {
       if (r == rank_ || !peers_[r].lost.ok()) continue;
       Peer& p = peers_[r];

@@ -65,10 +65,27 @@ class Recycling {
 // engine made where a destroyed one was never inherits its copy.
 std::atomic<uint64_t> list_changes{1};
 
-// The engines this thread runs a counted pass of, innermost last (ProgressEngine::remove).
-thread_local std::vector<const ProgressEngine*> t_passes;
+// What progress() keeps per thread, in one thread_local: in a shared library each one
+// costs a call to find it, and a waiter polls back to back.
+struct PassState {
+  // The engines this thread runs a counted pass of, innermost last (ProgressEngine::remove).
+  std::vector<const ProgressEngine*> passes;
+  // The copy of an engine's list that the outermost pass reuses (ProgressEngine::progress).
+  std::vector<Progressable*> reused;
+  const ProgressEngine* reused_of = nullptr;
+  uint64_t reused_at = 0;
+  int depth = 0;
+  unsigned light_passes = 0;
+};
 
-bool in_pass_of(const ProgressEngine* e) { return std::find(t_passes.begin(), t_passes.end(), e) != t_passes.end(); }
+PassState& pass_state() {
+  thread_local PassState t;
+  return t;
+}
+
+bool in_pass_of(const PassState& t, const ProgressEngine* e) {
+  return std::find(t.passes.begin(), t.passes.end(), e) != t.passes.end();
+}
 
 // The first sleep after polls close together (progress.h); longer than the gap
 // net-providers/common/msg_ring.h takes for a reader that stopped polling.
@@ -115,7 +132,7 @@ void ProgressEngine::remove(Progressable* p) {
   // this returns. Passes that start later see the new list. Not from inside a pass of this
   // engine (an item that removes itself, collectives/driver.cpp): it would wait for itself,
   // and such an item outlives its own call anyway.
-  if (in_pass_of(this)) return;
+  if (in_pass_of(pass_state(), this)) return;
   std::lock_guard serial(remove_mu_);
   const auto parity = static_cast<std::size_t>(epoch_.fetch_add(1) & 1);
   while (passes_[parity].load() > 0) std::this_thread::yield();
@@ -131,21 +148,19 @@ bool ProgressEngine::progress() {
   // The copy is this thread's, kept while no engine's list changed (waiters call this in
   // a tight loop, and the list changes only when communicators come and go), unless this
   // call is nested in another.
-  thread_local std::vector<Progressable*> reused;
-  thread_local const ProgressEngine* reused_of = nullptr;
-  thread_local uint64_t reused_at = 0;
-  thread_local int depth = 0;
+  PassState& t = pass_state();
   std::vector<Progressable*> nested;
-  std::vector<Progressable*>& items = depth == 0 ? reused : nested;
+  std::vector<Progressable*>& items = t.depth == 0 ? t.reused : nested;
   // only appended to during Context creation, before any wait
   std::vector<std::function<bool()>>* pollers = &pollers_;
   // Counted as a pass before the list is read, for remove() to wait on (seq_cst: a pass
   // that counts under the old parity is waited for; one that saw the flip sees the erase).
   struct Counted {
     ProgressEngine* e;
+    PassState& t;
     std::size_t parity = 0;
     bool outer;
-    explicit Counted(ProgressEngine* engine) : e(engine), outer(!in_pass_of(engine)) {
+    Counted(ProgressEngine* engine, PassState& state) : e(engine), t(state), outer(!in_pass_of(state, engine)) {
       if (!outer) return;
       for (;;) {
         const uint64_t epoch = e->epoch_.load();
@@ -154,33 +169,32 @@ bool ProgressEngine::progress() {
         if (e->epoch_.load() == epoch) break;
         e->passes_[parity].fetch_sub(1);
       }
-      t_passes.push_back(e);
+      t.passes.push_back(e);
     }
     ~Counted() {
       if (!outer) return;
-      t_passes.pop_back();
+      t.passes.pop_back();
       e->passes_[parity].fetch_sub(1);
     }
-  } counted(this);
+  } counted(this, t);
   const uint64_t now = list_changes.load();
-  if (depth > 0 || reused_of != this || reused_at != now) {
+  if (t.depth > 0 || t.reused_of != this || t.reused_at != now) {
     std::lock_guard lock(mu_);
     items.assign(items_.begin(), items_.end());
-    if (depth == 0) {
-      reused_of = this;
-      reused_at = list_changes.load(std::memory_order_relaxed);
+    if (t.depth == 0) {
+      t.reused_of = this;
+      t.reused_at = list_changes.load(std::memory_order_relaxed);
     }
   }
-  ++depth;
+  ++t.depth;
   bool any = false;
   // While shared-segment collectives are pending their waiters poll as fast as they can;
   // the providers' pollers (a UCX worker's progress among them) run on every 16th pass.
-  thread_local unsigned passes = 0;
-  const bool light = segment_waits_.load(std::memory_order_relaxed) > 0 && ++passes % 16 != 0;
+  const bool light = segment_waits_.load(std::memory_order_relaxed) > 0 && ++t.light_passes % 16 != 0;
   if (!light)
     for (auto& poll : *pollers) any |= poll();
   for (Progressable* p : items) any |= p->progress();
-  --depth;
+  --t.depth;
   return any;
 }
 

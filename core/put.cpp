@@ -13,7 +13,7 @@ Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
   HMC_RETURN_IF_ERROR(usable());
   if (!ptr || bytes == 0) return Status(ErrorCode::kInvalidArgument, "register_memory needs a non-null pointer and a size > 0");
   auto reg = std::make_unique<Registration>(ptr, bytes);
-  const bool device = ctx_.mem_info(ptr, bytes).device_mem;
+  const bool device = ctx_.device_mem(ptr, bytes);
   std::vector<LoadedProvider*> used;
   for (auto& p : peers_)
     if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);
@@ -57,7 +57,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
                                                                          " (registered by another communicator?)"});
   // A device source is copied to the host first; the copy lives until the put is done.
   std::shared_ptr<std::vector<uint8_t>> host;
-  if (bytes && ctx_.mem_info(src, bytes).device_mem) {
+  if (bytes && ctx_.device_mem(src, bytes)) {
     host = std::make_shared<std::vector<uint8_t>>(bytes);
     if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
     src = host->data();
