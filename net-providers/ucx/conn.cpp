@@ -101,6 +101,24 @@ void Provider::send_now(Conn& c, Op* op, const void* buf, size_t len) {
   }
 }
 
+bool Provider::send_at_once(Conn& c, Request* req, const void* buf, size_t len) {
+  const Wire wire{c.peer_id, static_cast<uint32_t>(Kind::kMsg), c.peer_cookie, c.send_seq, 0, 0, 0};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  void* r = ucp_am_send_nbx(c.ep, kAmId, &wire, kMsgWire, buf, len, &p);
+  if (UCS_PTR_STATUS(r) == UCS_ERR_NO_RESOURCE) return false;
+  ++c.send_seq;
+  if (r == nullptr) {
+    req->complete(len);
+    return true;
+  }
+  const ucs_status_t status = UCS_PTR_IS_ERR(r) ? UCS_PTR_STATUS(r) : UCS_ERR_IO_ERROR;
+  if (!UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // not asked for: UCX returns none with this flag
+  req->fail(HMC_PROV_ERR_PEER_LOST, std::string("ucp_am_send_nbx: ") + ucs_status_string(status) + " (" + c.peer + ")");
+  broken(c, status);
+  return true;
+}
+
 void Provider::send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, uint64_t len,
                             std::string payload) {
   if (c.ep == nullptr) return;
@@ -136,6 +154,12 @@ int Provider::send_msg(void* conn, const void* buf, size_t len, void** req) {
   vouch(*c);
   if (c->state == Conn::kFailed) return c->error;
   Request* r = requests_.create();
+  *req = r;
+  const bool ready = c->state == Conn::kOpen && c->puts == 0 && c->held.empty();
+  if (ready && send_at_once(*c, r, buf, len)) {
+    unlock_and_wake(lock);
+    return HMC_PROV_OK;
+  }
   auto* op = new Op(Op::kSend);
   op->provider = this;
   op->conn = c;
@@ -143,12 +167,11 @@ int Provider::send_msg(void* conn, const void* buf, size_t len, void** req) {
   op->src = static_cast<const char*>(buf);
   op->bytes = len;
   // Before the connection is up, or behind a put that has not finished: wait.
-  if (c->state != Conn::kOpen || c->puts > 0 || !c->held.empty()) {
+  if (!ready) {
     c->held.push_back(op);
   } else {
     send_now(*c, op, buf, len);
   }
-  *req = r;
   unlock_and_wake(lock);
   return HMC_PROV_OK;
 }
@@ -169,13 +192,11 @@ int Provider::recv_msg(void* conn, void* buf, size_t cap, void** req) {
   if (c == nullptr) return HMC_PROV_ERR_CLOSED;
   vouch(*c);
   if (c->state == Conn::kFailed && c->unexpected.empty()) return c->error;
-  auto r = std::make_unique<Recv>(static_cast<char*>(buf), cap, requests_.create());
-  *req = r->req;
-  c->recvs.push_back(std::move(r));
+  *req = c->recvs.emplace_back(static_cast<char*>(buf), cap, requests_.create()).req;
   if (!c->unexpected.empty()) {
     Incoming m = std::move(c->unexpected.front());
     c->unexpected.pop_front();
-    Recv& got = *c->recvs[c->assigned++];
+    Recv& got = c->recvs[c->assigned++];
     assign(*c, got, m);
   }
   unlock_and_wake(lock);
@@ -200,7 +221,7 @@ ucs_status_t Provider::on_am(const Wire& w, void* data, size_t len, const ucp_am
       static_cast<Kind>(w.kind) == Kind::kMsg && c.assigned < c.recvs.size()) {
     m.transient = data;
     ++c.recv_seq;
-    assign(c, *c.recvs[c.assigned++], m);
+    assign(c, c.recvs[c.assigned++], m);
     return UCS_OK;
   }
   ucs_status_t keep = UCS_OK;
@@ -249,7 +270,7 @@ void Provider::dispatch(Conn& c, Incoming m) {
 
 void Provider::deliver(Conn& c, Incoming m) {
   if (c.assigned < c.recvs.size()) {
-    Recv& r = *c.recvs[c.assigned++];
+    Recv& r = c.recvs[c.assigned++];
     assign(c, r, m);
   } else {
     c.unexpected.push_back(std::move(m));
@@ -317,8 +338,8 @@ void* Provider::fetch(Incoming& m, Op* op, void* dest) {
 }
 
 void Provider::complete_ready(Conn& c) {
-  while (!c.recvs.empty() && c.recvs.front()->landed) {
-    Recv& r = *c.recvs.front();
+  while (!c.recvs.empty() && c.recvs.front().landed) {
+    Recv& r = c.recvs.front();
     if (r.rc == HMC_PROV_OK) r.req->complete(r.bytes);
     else r.req->fail(r.rc, r.why);
     c.recvs.pop_front();

@@ -511,11 +511,11 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   c.error = code;
   c.why = why;
   host_.log(code == HMC_PROV_ERR_CLOSED ? HMC_LOG_DEBUG : HMC_LOG_INFO, why);
-  for (auto& r : c.recvs) {
-    if (r->op) r->op->recv = nullptr;
-    if (!r->landed) r->req->fail(code, why);
-    else if (r->rc == HMC_PROV_OK) r->req->complete(r->bytes);
-    else r->req->fail(r->rc, r->why);
+  for (Recv& r : c.recvs) {
+    if (r.op) r.op->recv = nullptr;
+    if (!r.landed) r.req->fail(code, why);
+    else if (r.rc == HMC_PROV_OK) r.req->complete(r.bytes);
+    else r.req->fail(r.rc, r.why);
   }
   c.recvs.clear();
   c.assigned = 0;

@@ -206,7 +206,7 @@ struct Conn {
   uint64_t send_seq = 0, recv_seq = 0;
   std::map<uint64_t, Incoming> inbox;   // arrived, not yet handed out (by seq)
   std::deque<Incoming> unexpected;      // in order, waiting for a receive
-  std::deque<std::unique_ptr<Recv>> recvs;
+  std::deque<Recv> recvs;  // by value: a deque keeps references across push_back and pop_front
   size_t assigned = 0;                  // recvs[0, assigned) have a message
   std::deque<Op*> held;                 // sends waiting for earlier puts to finish
   size_t puts = 0;                      // puts and gets not yet complete: later sends wait
@@ -341,6 +341,9 @@ class Provider {
 
   // conn.cpp: messages.
   void send_now(Conn& c, Op* op, const void* buf, size_t len);
+  // Sends `buf` now if UCX can finish it at once (an 8 B message over shared memory or tcp
+  // does): then no Op is made. False, with nothing sent, when it cannot.
+  bool send_at_once(Conn& c, Request* req, const void* buf, size_t len);
   void send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, uint64_t len,
                     std::string payload);
   void pump(Conn& c);
