@@ -341,8 +341,9 @@ class Provider {
 
   // conn.cpp: messages.
   void send_now(Conn& c, Op* op, const void* buf, size_t len);
-  // Sends `buf` now if UCX can finish it at once (an 8 B message over shared memory or tcp
-  // does): then no Op is made. False, with nothing sent, when it cannot.
+  // Sends `buf` now if UCX can finish it at once (a message within UCX's am_short limit, as
+  // an 8 B one over shared memory or tcp): then no Op is made. False, with nothing sent,
+  // when it cannot.
   bool send_at_once(Conn& c, Request* req, const void* buf, size_t len);
   void send_control(Conn& c, Kind kind, uint64_t token, uint64_t arg, uint64_t len,
                     std::string payload);
