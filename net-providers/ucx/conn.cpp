@@ -109,12 +109,14 @@ bool Provider::send_at_once(Conn& c, Request* req, const void* buf, size_t len) 
   if (UCS_PTR_STATUS(r) == UCS_ERR_NO_RESOURCE) return false;
   ++c.send_seq;
   // With this flag ucp_am_send_nbx tries am_short only and answers NO_RESOURCE before it
-  // makes a request; should one come all the same, it ends here: its header is on this stack.
+  // makes a request. Should one come all the same, it ends here, as its header is on this
+  // stack: within a second, or the connection is given up (its endpoint closes).
   if (UCS_PTR_IS_PTR(r)) {
+    const auto until = Clock::now() + std::chrono::seconds(1);
     ucs_status_t status;
-    while ((status = ucp_request_check_status(r)) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    while ((status = ucp_request_check_status(r)) == UCS_INPROGRESS && Clock::now() < until) ucp_worker_progress(worker_);
     ucp_request_free(r);
-    r = status == UCS_OK ? nullptr : UCS_STATUS_PTR(status);
+    r = status == UCS_OK ? nullptr : UCS_STATUS_PTR(status == UCS_INPROGRESS ? UCS_ERR_TIMED_OUT : status);
   }
   if (r == nullptr) {
     req->complete(len);
