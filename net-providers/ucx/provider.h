@@ -400,6 +400,7 @@ class Provider {
   std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran as part of a poll loop
   std::atomic<int> host_inside_{0};          // host calls copying under mu_ right now (put)
   Clock::duration last_progress_{};  // when progress() last ran at all (under mu_)
+  bool moved_last_ = false;          // that call's pass moved something (under mu_)
   // The thread has the worker's fd in its epoll set (start() puts it there); only the
   // thread changes it, progress() reads it.
   std::atomic<bool> thread_watches_{true};
