@@ -167,9 +167,9 @@ int Provider::progress() {
   return moved ? 1 : HMC_PROV_OK;
 }
 
-void Provider::note_host_call(bool polling) {
+void Provider::note_host_call() {
   last_progress_ = Clock::now().time_since_epoch();
-  if (polling) host_polled_.store(last_progress_.count(), std::memory_order_relaxed);
+  host_polled_.store(last_progress_.count(), std::memory_order_relaxed);
 }
 
 void Provider::kick_thread() {

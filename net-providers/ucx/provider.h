@@ -334,9 +334,9 @@ class Provider {
   bool drive(bool until_idle = true);
   void wake_later() { wake_ = true; }
   void kick_thread();  // wakes the thread through event_fd_: it looks at once
-  // A host call just ended (with mu_ held): the gap to the next progress() counts from
-  // now, and with `polling` the host counts as polling from now.
-  void note_host_call(bool polling);
+  // A host call that copied a while just ended (put, with mu_ held): the host counts as
+  // polling from now, and the gap to the next progress() counts from now.
+  void note_host_call();
   void unlock_and_wake(std::unique_lock<std::mutex>& lock);
 
   // conn.cpp: messages.

@@ -78,7 +78,7 @@ int Provider::one_sided(void* conn, PendingPut p, const void* rkey, size_t rkey_
     host_inside_.fetch_add(1, std::memory_order_relaxed);
     start_put(*c, std::move(p), k->second);  // the usual case: no copy of the key
     host_inside_.fetch_sub(1, std::memory_order_relaxed);
-    note_host_call(true);
+    note_host_call();
   } else {
     const uint64_t id = p.id;
     p.key.assign(key);
