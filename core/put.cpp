@@ -62,11 +62,20 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
     src = host->data();
   }
-  auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
-  if (*parts == 0) {
+  if (!notify && bytes == 0) {
     op->complete(0);
     return op;
   }
+  if (!notify && !host) {  // the usual put: nothing to hold but the operation
+    OnEnd end = OnEnd::completes_with(op, bytes);
+    void* req = nullptr;
+    int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
+    // A put copied within the call (shm) has ended already: done now, not a pass later.
+    if (rc == 0 && req && ended(p, req, end)) return op;
+    (void)track(p, rc, req, std::move(end), "put");
+    return op;
+  }
+  auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
   auto part_done = [op, parts, bytes, host](const Status& st) {
     if (!st.ok()) op->fail(st);
     else if (--*parts == 0) op->complete(bytes);
