@@ -241,7 +241,7 @@ ucs_status_t Provider::on_am(const Wire& w, void* data, size_t len, const ucp_am
     m.copy.assign(static_cast<const char*>(data), len);
   }
   c.inbox.emplace(w.seq, std::move(m));
-  pending_.insert(c.id);
+  mark_pending(c);
   return keep;
 }
 

@@ -137,7 +137,7 @@ void Provider::handle_socket(Conn& c, uint32_t events) {
     // connection (and perhaps exit): the connector is already done.
     c.state = Conn::kOpen;
     c.in.clear();
-    pending_.insert(c.id);
+    mark_pending(c);
     wake_later();
   }
   if (c.state == Conn::kHandshake && c.ep == nullptr) {
@@ -207,7 +207,7 @@ bool Provider::finish_handshake(Conn& c) {
   }
   if (c.connector) {
     c.state = Conn::kOpen;
-    pending_.insert(c.id);  // sends posted while connecting go now
+    mark_pending(c);  // sends posted while connecting go now
     c.out = "R";
   } else {
     Handshake mine;

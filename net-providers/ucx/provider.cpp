@@ -113,11 +113,13 @@ bool Provider::drive(bool until_idle) {
     bool more = !errors.empty() || !pending_.empty() || !broken_.empty();
     // Messages first: what arrived whole in the same progress as the peer's failure is
     // handed out in order before the failure drops the rest of the inbox.
-    auto pending = std::move(pending_);
-    pending_.clear();
-    for (uint32_t id : pending) {
+    pending_scan_.clear();
+    std::swap(pending_scan_, pending_);
+    for (uint32_t id : pending_scan_) {
       auto it = conns_.find(id);
-      if (it != conns_.end()) pump(*it->second);
+      if (it == conns_.end()) continue;
+      it->second->pending = false;
+      pump(*it->second);
     }
     for (auto [ep, status] : errors) on_ep_error(ep, status);
     for (auto [id, status] : std::exchange(broken_, {})) {

@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/host.h"
@@ -170,6 +171,9 @@ struct VerifiedKey {
   ucp_rkey_h rkey = nullptr;
   uint64_t region = 0, nonce = 0, base = 0;
   bool am = false;  // puts with it go as active messages (put.cpp)
+  // The region as mapped here (ucp_rkey_ptr of `base`, HMC_UCX_PUT=auto): puts and gets
+  // are a memcpy into or out of it, as UCP's own put over shared memory is.
+  char* mapped = nullptr;
 };
 
 // A put sent as an active message: done once UCP has sent it and the target
@@ -214,6 +218,7 @@ struct Conn {
   std::map<uint64_t, AmPut> am_puts;         // active-message puts under way, by put id
   std::map<std::string, VerifiedKey, std::less<>> keys;  // keys the target accepted (found by view)
   std::set<Op*> ops;
+  bool pending = false;  // in the provider's pending_ (mark_pending)
 };
 
 // A connection that has not sent its whole handshake by then is dropped, and one whose
@@ -333,6 +338,9 @@ class Provider {
   // again soon) one productive pass; true if anything moved.
   bool drive(bool until_idle = true);
   void wake_later() { wake_ = true; }
+  void mark_pending(Conn& c) {
+    if (!std::exchange(c.pending, true)) pending_.push_back(c.id);
+  }
   void kick_thread();  // wakes the thread through event_fd_: it looks at once
   // A host call that copied a while just ended (put, with mu_ held): the host counts as
   // polling from now, and the gap to the next progress() counts from now.
@@ -372,11 +380,13 @@ class Provider {
   void start_get(Conn& c, PendingPut p, const VerifiedKey& k);
   void start_am_put(Conn& c, PendingPut p, const VerifiedKey& k);
   bool am_put_for(const VerifiedKey& k) const;
+  char* mapped_for(const VerifiedKey& k) const;
   void on_put_data(Conn& c, Incoming& m);
   void on_put_done(Conn& c, const Wire& w, const std::string& why);
   void am_put_step(Conn& c, uint64_t id, bool sent, int rc, const std::string& why);
   bool landing(uint64_t region) const;
   void put_finished(Conn& c, Request* req, size_t bytes, int rc, const std::string& why);
+  void copied(Conn& c, const PendingPut& p);
   void drop_keys(Conn& c);
 
   hmc_net::Host host_;
@@ -418,7 +428,9 @@ class Provider {
   // is never handed back): freed by their late callback, or after ucp_worker_destroy.
   std::set<Op*> orphans_;
   std::vector<ucp_rkey_h> dead_rkeys_;  // destroyed once no put can use them
-  std::set<uint32_t> pending_;  // connections with inbox or held work after a callback
+  // Connections with inbox or held work after a callback (mark_pending), each once: a
+  // vector that keeps its storage, not a set that allocates a node per message.
+  std::vector<uint32_t> pending_, pending_scan_;
   std::vector<std::pair<uint32_t, ucs_status_t>> broken_;  // connections to fail in drive() (broken())
   std::mutex errors_mu_;  // taken alone, never while calling UCP
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> errors_;  // endpoint failures to handle
