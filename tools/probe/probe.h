@@ -53,7 +53,8 @@ struct Buffer {
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
 Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& comm, const MeasureOptions& opt);
 
-// References measured in one process on this machine, same sizes.
+// References measured in one process on this machine, same sizes; `iters` messages, or as
+// many as make 4 GiB where that is fewer.
 double memcpy_gbps(std::size_t bytes, int iters);
 double tcp_stream_gbps(std::size_t bytes, int iters);
 
