@@ -179,7 +179,7 @@ class CommImpl : public Progressable {
   struct PendingNotify {
     uint64_t value;
     enum { kWaiting, kReady, kDropped } state;
-    std::function<void(const Status&)> done;  // the put request's notification part
+    OnEnd done;  // ends the put's operation with how its NOTIFY went
   };
   struct CtrlSlot {
     std::vector<uint8_t> buf;
@@ -329,6 +329,9 @@ class CommImpl : public Progressable {
   void mark_lost(Peer& p, Status why);
   // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put.cpp).
   void release_notifies(Peer& p);
+  // A NOTIFY whose put has ended: sent now, or queued behind those still waiting for theirs.
+  void notify_after_puts(Peer& p, uint64_t value, OnEnd done);
+  void send_notify(Peer& p, uint64_t value, OnEnd done);
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
   void fail_all(const Status& why);

@@ -62,57 +62,63 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
     src = host->data();
   }
-  if (!notify && bytes == 0) {
-    op->complete(0);
+  if (bytes == 0) {
+    if (notify) notify_after_puts(p, *notify, OnEnd::completes_with(op, 0));
+    else op->complete(0);
     return op;
   }
-  if (!notify && !host) {  // the usual put: nothing to hold but the operation
-    OnEnd end = OnEnd::completes_with(op, bytes);
-    void* req = nullptr;
-    int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
-    // A put copied within the call (shm) has ended already: done now, not a pass later.
-    if (rc == 0 && req && ended(p, req, end)) return op;
-    (void)track(p, rc, req, std::move(end), "put");
+  void* req = nullptr;
+  const int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
+  // A put copied within the call (shm, ucx through a mapping) has ended already: done now,
+  // its NOTIFY sent now, and nothing kept for a pass to find.
+  Status now;
+  bool ended_now = rc != 0 || !req;
+  if (ended_now && rc != 0) {
+    now = from_provider(rc, nullptr, "put to " + describe(p));
+    if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, now);
+  }
+  if (!ended_now) ended_now = ended(p, req, [&now](const Status& st) { now = st; });
+  if (ended_now) {
+    if (!now.ok()) op->fail(now);
+    else if (notify) notify_after_puts(p, *notify, OnEnd::completes_with(op, bytes));
+    else op->complete(bytes);
     return op;
   }
-  auto parts = std::make_shared<int>((bytes ? 1 : 0) + (notify ? 1 : 0));
-  auto part_done = [op, parts, bytes, host](const Status& st) {
+  // Still landing. The NOTIFY waits for the put to complete (the data is in the peer's
+  // memory), not only for the ordering contract: a put the target refuses late (a key it no
+  // longer knows) then fails here and notifies nobody, where a NOTIFY sent behind it would
+  // still arrive. A device source's host copy lives until the put ends.
+  if (!notify) {
+    if (!host) p.inflight.push_back({req, OnEnd::completes_with(op, bytes)});
+    else p.inflight.push_back({req, [op, bytes, host](const Status& st) { st.ok() ? op->complete(bytes) : op->fail(st); }});
+    return op;
+  }
+  auto pending = std::make_shared<PendingNotify>(PendingNotify{*notify, PendingNotify::kWaiting, OnEnd::completes_with(op, bytes)});
+  p.notify_after.push_back(pending);
+  p.inflight.push_back({req, [this, peer, op, pending, host](const Status& st) {
+    pending->state = st.ok() ? PendingNotify::kReady : PendingNotify::kDropped;
     if (!st.ok()) op->fail(st);
-    else if (--*parts == 0) op->complete(bytes);
-  };
-  // The NOTIFY waits for its put to complete (the data is in the peer's memory), not only
-  // for the ordering contract: a put the target refuses late (a key it no longer knows)
-  // then fails here and notifies nobody, where a NOTIFY sent behind it would still arrive.
-  std::shared_ptr<PendingNotify> pending;
-  if (notify) {
-    const auto state = bytes ? PendingNotify::kWaiting : PendingNotify::kReady;
-    pending = std::make_shared<PendingNotify>(PendingNotify{*notify, state, part_done});
-    p.notify_after.push_back(pending);
-  }
-  if (bytes) {
-    auto put_done = [this, peer, pending, part_done](const Status& st) {
-      if (pending) pending->state = st.ok() ? PendingNotify::kReady : PendingNotify::kDropped;
-      part_done(st);
-      if (pending) release_notifies(peers_[peer]);
-    };
-    void* req = nullptr;
-    int rc = p.net->net->put(p.net->state, p.conn, src, bytes, nullptr, rkey->data(), rkey->size(), offset, &req);
-    // A put copied within the call (shm) has ended already: its NOTIFY need not wait for a pass.
-    if (rc == 0 && req && pending && ended(p, req, put_done)) return op;
-    (void)track(p, rc, req, std::move(put_done), "put");
-    return op;
-  }
-  release_notifies(p);
+    release_notifies(peers_[peer]);
+  }});
   return op;
+}
+
+void CommImpl::notify_after_puts(Peer& p, uint64_t value, OnEnd done) {
+  if (p.notify_after.empty()) return send_notify(p, value, std::move(done));
+  p.notify_after.push_back(std::make_shared<PendingNotify>(PendingNotify{value, PendingNotify::kReady, std::move(done)}));
+  release_notifies(p);
+}
+
+void CommImpl::send_notify(Peer& p, uint64_t value, OnEnd done) {
+  if (!p.lost.ok() || !p.conn) done(p.lost.ok() ? Status(ErrorCode::kAborted, "connection closed") : p.lost);
+  else post_msg(p, MsgType::kNotify, 0, 0, 0, value, nullptr, 0, std::move(done));
 }
 
 void CommImpl::release_notifies(Peer& p) {
   while (!p.notify_after.empty() && p.notify_after.front()->state != PendingNotify::kWaiting) {
     auto next = std::move(p.notify_after.front());
     p.notify_after.pop_front();
-    if (next->state != PendingNotify::kReady) continue;
-    if (!p.lost.ok() || !p.conn) next->done(p.lost.ok() ? Status(ErrorCode::kAborted, "connection closed") : p.lost);
-    else post_msg(p, MsgType::kNotify, 0, 0, 0, next->value, nullptr, 0, next->done);
+    if (next->state == PendingNotify::kReady) send_notify(p, next->value, std::move(next->done));
   }
 }
 

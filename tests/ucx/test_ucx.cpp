@@ -97,6 +97,52 @@ TEST_CASE("ucx: a put completes while the target sleeps outside HMC", "[ucx][put
   }
 }
 
+// Over shared memory a put into the target's mem_alloc memory is a copy through the
+// initiator's mapping, done within the call, while one into its heap goes as an active
+// message the target lands. A NOTIFY follows its put in put order all the same: the one
+// of a copy done at once waits behind the NOTIFY of an earlier put still landing.
+TEST_CASE("ucx: a put done at once notifies after an earlier put still landing", "[ucx][put][notify]") {
+  if (ucx_missing()) return;
+  std::map<std::string, std::string> s{{"HMC_PROVIDERS", "cpu,ucx"}, {"HMC_UCX_TLS", "shm"}, {"HMC_TIMEOUT", "30s"}};
+  auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+    const std::size_t heap_bytes = 8u << 20, mapped_bytes = 1u << 20;
+    std::vector<uint8_t> heap(heap_bytes, 0xEE);
+    auto mapped = e.ctx.alloc({"cpu", 0}, mapped_bytes, AllocKind::kShareable);
+    HMC_EXPECT(mapped.ok(), mapped.status().to_string());
+    auto* mapped_base = static_cast<uint8_t*>(mapped->data());
+    std::memset(mapped_base, 0xEE, mapped_bytes);
+    auto to_heap = register_and_swap_keys(e, heap.data(), heap_bytes, 1);
+    auto to_mapped = register_and_swap_keys(e, mapped_base, mapped_bytes, 2);
+    HMC_EXPECT(to_heap.ok() && to_mapped.ok(), "registration failed");
+    const auto big = test::random_bytes(heap_bytes, 31), small = test::random_bytes(mapped_bytes / 2, 32);
+    if (e.rank == 0) {
+      // Both keys checked by the target first, so the second put below is a copy at once.
+      HMC_EXPECT_OK(e.comm.put(1, small.data(), 64, to_mapped->theirs, 0).wait());
+      HMC_EXPECT_OK(e.comm.put(1, small.data(), 64, to_heap->theirs, 0).wait());
+      for (uint64_t round = 0; round < 4; ++round) {
+        Request landing = e.comm.put(1, big.data(), big.size(), to_heap->theirs, 0, 2 * round + 1);
+        Request at_once = e.comm.put(1, small.data(), small.size(), to_mapped->theirs, 4096, 2 * round + 2);
+        HMC_EXPECT_OK(landing.wait());
+        HMC_EXPECT_OK(at_once.wait());
+      }
+    } else {
+      for (uint64_t want = 1; want <= 8; ++want) {
+        auto v = e.comm.wait_notify(0);
+        HMC_EXPECT(v.ok() && v.value() == want, "expected notification " + std::to_string(want) + ", got " +
+                                                     (v.ok() ? std::to_string(v.value()) : v.status().to_string()));
+        if (want % 2 == 1)
+          HMC_EXPECT(std::memcmp(heap.data(), big.data(), heap_bytes) == 0, "the heap put's data is not all there at its notification");
+        else
+          HMC_EXPECT(std::memcmp(mapped_base + 4096, small.data(), small.size()) == 0 && mapped_base[4095] == 0xEE,
+                     "the mapped put's data is not there at its notification");
+      }
+    }
+    return e.comm.barrier().ok() ? 0 : 1;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 // A put sent as an active message lands in the region on the target's side, so
 // deregistering the region must wait for a put already landing, or the memory
 // could be written after the application freed it. The target unmaps the region
