@@ -62,8 +62,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
         send_control(*c, Kind::kPutDone, op->put, ok ? kLanded : kLost, 0, ok ? "" : why);
       break;
     case Op::kControl:
-    case Op::kPut:
-      break;  // a put's outcome is its flush's
+      break;
   }
   (void)length;
   delete op;

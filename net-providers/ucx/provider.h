@@ -106,7 +106,7 @@ struct Recv;
 // (or at once when UCP completed it inline). `conn` is cleared when the
 // connection goes away first.
 struct Op {
-  enum Type { kSend, kControl, kRecvData, kPut, kFlush, kGet, kPutSend, kPutRecv } type;
+  enum Type { kSend, kControl, kRecvData, kFlush, kGet, kPutSend, kPutRecv } type;
   explicit Op(Type t) : type(t) {}
   class Provider* provider = nullptr;
   Conn* conn = nullptr;
