@@ -355,10 +355,11 @@ bool Provider::landing(uint64_t region) const {
   return false;
 }
 
-// A put or get copied through the mapping. The fence orders the copy's stores before those
-// of anything sent after it (a NOTIFY, a FIN) where the CPU would not (x86 does; memcpy's
-// non-temporal stores end with an sfence of its own). A full fence cost 4 % of a 64 KiB put
-// stream here, waiting for the copy's stores to drain.
+// A put or get copied through the mapping. The release fence orders the copy (a put's
+// stores, a get's reads of the peer's buffer) before the stores of anything sent after it
+// (a NOTIFY, a GET_DONE that frees that buffer) where the CPU would not: x86 does, and
+// memcpy's non-temporal stores end with an sfence of their own. A full fence cost 4 % of a
+// 64 KiB put stream here, waiting for the copy's stores to drain.
 void Provider::copied(Conn& c, const PendingPut& p) {
   std::atomic_thread_fence(std::memory_order_release);
   put_finished(c, p.req, p.len, HMC_PROV_OK, {});
