@@ -643,7 +643,6 @@ bool CommImpl::progress_peer(Peer& p) {
     }
     current.clear();
   }
-  const std::size_t before = p.inflight.size();
   while (!p.ctrl.empty()) {
     CtrlSlot& slot = p.ctrl[p.next_ctrl];
     // Every slot took a message in this pass: post them again and go on, so a pass still
@@ -665,18 +664,6 @@ bool CommImpl::progress_peer(Peer& p) {
     handle_msg(p, slot.buf.data(), bytes);
     p.repost = true;
     p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
-  }
-  // What the messages started may have ended within the call already (a get copied through
-  // a mapping, the GET_DONE after it): ended now, not a pass later. Moved out first, as
-  // above: an end may post more.
-  if (p.inflight.size() > before) {
-    auto& fresh = p.inflight_scan;
-    fresh.assign(std::make_move_iterator(p.inflight.begin() + static_cast<std::ptrdiff_t>(before)),
-                 std::make_move_iterator(p.inflight.end()));
-    p.inflight.resize(before);
-    for (auto& f : fresh)
-      if (!ended(p, f.req, f.end)) p.inflight.push_back(std::move(f));
-    fresh.clear();
   }
   return any;
 }
