@@ -169,7 +169,8 @@ void CommImpl::start_send(Peer& p, const std::shared_ptr<Operation>& op, const u
   const bool free = !device && bytes >= std::min(p.path.split_from, p.path.turns_from) && !busy_with(&Peer::rndv_recvs);
   const bool split = free && bytes >= p.path.split_from;
   const bool by_get = bytes <= p.path.get_limit || bytes >= p.path.get_from || split;
-  const uint64_t offered = (split ? kRtsSplit : 0) | (free && bytes >= p.path.turns_from ? kRtsTurn : 0);
+  const uint64_t turn = free && bytes >= p.path.turns_from ? kRtsTurn | (p.rndv_sends.size() > 1 ? kRtsMore : 0) : 0;
+  const uint64_t offered = (split ? kRtsSplit : 0) | turn;
   const uint64_t flags = device ? kRtsFromDevice : by_get && offer_get(p, send, key) ? kRtsGet | offered : 0;
   post_msg(p, MsgType::kRts, tag, id, bytes, flags, key.data(), key.size(), OnEnd::fails(op));
 }

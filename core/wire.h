@@ -36,6 +36,9 @@ inline constexpr uint64_t kRtsSplit = 4;
 // kRts aux bit, with kRtsGet: the same, for a size that copies in turns (HMC_RNDV_TURNS):
 // the receiver may answer kCts for the sender to put this one (rndv_get.cpp).
 inline constexpr uint64_t kRtsTurn = 8;
+// kRts aux bit, with kRtsTurn: the sender has another rendezvous send to this peer under
+// way, so the message is part of a stream (rndv_get.cpp).
+inline constexpr uint64_t kRtsMore = 16;
 // kCts tag bit: the receiver stages the bytes on their way to device memory, so the sender
 // puts them in chunks, each followed by kChunk, for the receiver's copies to overlap.
 inline constexpr uint64_t kCtsStaged = 1;
