@@ -26,9 +26,10 @@ constexpr std::size_t kBytes = 64u << 10;  // above ucx's eager limit on one hos
 // receives are posted before the messages come, so each message finds the later ones'
 // receives posted (a stream) whatever the timing. `busy`: rank 1 first starts a 1 MiB send
 // to rank 0 that stays under way. `reuse`: rank 1 posts the second and third receives only
-// once the first ended.
+// once the first ended. `serial`: rank 0 waits for the first message before it sends the
+// others, so the second's RTS does not say that another is under way (kRtsMore).
 int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3], const bool alone[3], bool busy,
-                   bool reuse) {
+                   bool reuse, bool serial = false) {
   const int peer = 1 - e.rank;
   auto mem = e.ctx.alloc({"cpu", 0}, 3 * kBytes);
   auto big = e.ctx.alloc({"cpu", 0}, 1u << 20);
@@ -44,6 +45,7 @@ int three_messages(RankEnv& e, const SharedFlag& flag, const std::size_t slots[3
     for (int i = 0; i < 3; ++i) {
       std::memcpy(buf + i * kBytes, payload[i].data(), kBytes);
       sends.push_back(e.comm.isend(buf + i * kBytes, kBytes, peer, 60 + i));
+      if (serial && i == 0) HMC_EXPECT_OK(sends[0].wait());
     }
     HMC_EXPECT(flag.await(2), "rank 1 did not look at the messages while rank 0 was away");
     HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
@@ -108,6 +110,7 @@ TEST_CASE("ucx: the receiver and the sender take turns at copying a stream", "[u
     std::size_t slots[3];
     bool alone[3];
     bool busy, reuse;
+    bool serial = false;
   };
   const std::size_t three[3] = {0, kBytes, 2 * kBytes};
   const Run runs[] = {
@@ -123,6 +126,10 @@ TEST_CASE("ucx: the receiver and the sender take turns at copying a stream", "[u
        true},
       {"a receiver with a rendezvous send under way: every one got", "", kBytes, {three[0], three[1], three[2]},
        {true, true, true}, true, false},
+      // The second's sender has nothing else under way, but the third's receive is posted:
+      // a stream all the same.
+      {"one at a time, the receives posted ahead: got, put, got", "", kBytes, {three[0], three[1], three[2]},
+       {true, false, true}, false, false, true},
   };
   for (const Run& run : runs) {
     DYNAMIC_SECTION(run.name) {
@@ -133,7 +140,7 @@ TEST_CASE("ucx: the receiver and the sender take turns at copying a stream", "[u
         const PathInfo path = e.comm.path(1 - e.rank);
         HMC_EXPECT(path.turns_from == run.from, "turns from " + std::to_string(path.turns_from));
         HMC_EXPECT(path.eager_limit < kBytes && path.get_limit >= kBytes && path.split_from > kBytes, "64 KiB not in the get band");
-        return three_messages(e, flag, run.slots, run.alone, run.busy, run.reuse);
+        return three_messages(e, flag, run.slots, run.alone, run.busy, run.reuse, run.serial);
       });
       INFO(test::describe(exits));
       REQUIRE(test::all_ok(exits));
