@@ -73,7 +73,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   // its NOTIFY sent now, and nothing kept for a pass to find.
   Status now;
   bool ended_now = rc != 0 || !req;
-  if (ended_now && rc != 0) {
+  if (ended_now) {  // refused, or no request (the ABI's data calls return one): as track() does
     now = from_provider(rc, nullptr, "put to " + describe(p));
     if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, now);
   }
