@@ -72,12 +72,9 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   // A put copied within the call (shm, ucx through a mapping) has ended already: done now,
   // its NOTIFY sent now, and nothing kept for a pass to find.
   Status now;
-  bool ended_now = rc != 0 || !req;
-  if (ended_now) {  // refused, or no request (the ABI's data calls return one): as track() does
-    now = from_provider(rc, nullptr, "put to " + describe(p));
-    if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, now);
-  }
-  if (!ended_now) ended_now = ended(p, req, [&now](const Status& st) { now = st; });
+  bool ended_now = true;
+  if (rc != 0 || !req) now = track(p, rc, req, nullptr, "put");  // refused (or no request): its error
+  else ended_now = ended(p, req, [&now](const Status& st) { now = st; });
   if (ended_now) {
     if (!now.ok()) op->fail(now);
     else if (notify) notify_after_puts(p, *notify, OnEnd::completes_with(op, bytes));
@@ -89,17 +86,17 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
   // longer knows) then fails here and notifies nobody, where a NOTIFY sent behind it would
   // still arrive. A device source's host copy lives until the put ends.
   if (!notify) {
-    if (!host) p.inflight.push_back({req, OnEnd::completes_with(op, bytes)});
-    else p.inflight.push_back({req, [op, bytes, host](const Status& st) { st.ok() ? op->complete(bytes) : op->fail(st); }});
+    if (!host) (void)track(p, rc, req, OnEnd::completes_with(op, bytes), "put");
+    else (void)track(p, rc, req, [op, bytes, host](const Status& st) { st.ok() ? op->complete(bytes) : op->fail(st); }, "put");
     return op;
   }
   auto pending = std::make_shared<PendingNotify>(PendingNotify{*notify, PendingNotify::kWaiting, OnEnd::completes_with(op, bytes)});
   p.notify_after.push_back(pending);
-  p.inflight.push_back({req, [this, peer, op, pending, host](const Status& st) {
+  (void)track(p, rc, req, [this, peer, op, pending, host](const Status& st) {
     pending->state = st.ok() ? PendingNotify::kReady : PendingNotify::kDropped;
     if (!st.ok()) op->fail(st);
     release_notifies(peers_[peer]);
-  }});
+  }, "put");
   return op;
 }
 
