@@ -129,8 +129,8 @@ void Provider::on_reply(Conn& c, const Wire& w, const std::string& why) {
       return;
     }
   }
+  if (put_mode_ == PutMode::kAuto) k.mapped = mapped_for(k);
   k.am = am_put_for(k);
-  if (!k.am && put_mode_ == PutMode::kAuto) k.mapped = mapped_for(k);
   host_.log(HMC_LOG_DEBUG, "puts to " + c.peer + " into region " + std::to_string(k.region) + " go " +
                                (k.am ? "as active messages" : k.mapped ? "by memcpy into its mapping" : "by ucp_put_nbx"));
   auto& slot = c.keys[p.key];
@@ -241,11 +241,10 @@ void Provider::start_get(Conn& c, PendingPut p, const VerifiedKey& k) {
 // told, even into a region deregistered a moment before; active messages are checked by
 // the target, and as fast or faster (docs/ucx.md). With tcp and no verbs every endpoint is
 // tcp (provider.cpp: PEER mode leaves posix and sysv out), even where UCP could map.
+// `k.mapped` is mapped_for's answer already (on_reply).
 bool Provider::am_put_for(const VerifiedKey& k) const {
   if (put_mode_ != PutMode::kAuto) return put_mode_ == PutMode::kAm;
-  if (rdma_) return false;
-  if (tcp_only_) return true;
-  return mapped_for(k) == nullptr;
+  return !rdma_ && k.mapped == nullptr;
 }
 
 // Where the target's region is mapped in this process (shared memory from the target's
