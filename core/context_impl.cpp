@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -325,13 +326,27 @@ Result<UniqueId> ContextImpl::create_unique_id() {
   return id;
 }
 
+namespace {
+// The CPUs this process may run on (a launcher that binds each rank to one core leaves one).
+int allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+}  // namespace
+
 void ContextImpl::note_host_ranks(int n) {
   constexpr int kAlone = 8;  // polls between yields with a CPU to oneself (progress.h)
   std::lock_guard lock(mu_);
   host_ranks_ = std::max(host_ranks_, n);
-  if (yield_every_ > 0) return engine_->set_yield_every(static_cast<int>(yield_every_));
   const auto cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  engine_->set_yield_every(host_ranks_ <= cpus ? kAlone : 1);
+  const int segments = yield_every_ > 0 ? static_cast<int>(yield_every_) : host_ranks_ <= cpus ? kAlone : 1;
+  // Messages need a provider's helper thread to run beside the rank: a CPU for each, on
+  // the host and within this rank's own binding.
+  const bool room = 2 * host_ranks_ <= cpus && allowed_cpus() >= 2;
+  const int messages = yield_every_ > 0 ? static_cast<int>(yield_every_) : room ? kAlone : 1;
+  engine_->set_yield_every(segments);
+  engine_->set_message_yield_every(messages);
 }
 
 }  // namespace hmc::core

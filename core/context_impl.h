@@ -29,7 +29,8 @@ class ContextImpl {
   std::chrono::milliseconds timeout() const { return timeout_; }
   // A communicator of this context has `n` ranks on this machine (this one included):
   // waiters poll back to back between yields only while the busiest such communicator
-  // leaves every rank a CPU (progress.h), unless HMC_YIELD_EVERY says otherwise.
+  // leaves every rank a CPU, and for messages a second one for a helper thread
+  // (progress.h), unless HMC_YIELD_EVERY says otherwise.
   void note_host_ranks(int n);
   Clock::time_point deadline() const { return Clock::now() + timeout_; }
 

@@ -227,7 +227,7 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
     // Nothing wakes a wait on shared segments (peers only write memory): it polls for
     // kSegmentSpin before it sleeps, not only for kSpins polls.
     const bool segments = segment_waits_.load(std::memory_order_relaxed) > 0;
-    const int every = segments ? yield_every_.load(std::memory_order_relaxed) : 1;
+    const int every = (segments ? yield_every_ : message_yield_every_).load(std::memory_order_relaxed);
     if (idle++ == 0) idle_since = now;
     if (idle < kSpins * every || (segments && now - idle_since < kSegmentSpin)) {
       if (idle % every == 0) std::this_thread::yield();

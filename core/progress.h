@@ -18,13 +18,17 @@
 // passed) counts as a productive poll: its end wakes nobody (CUDA calls no host->wake), so
 // a waiter keeps polling its event, as cudaStreamSynchronize would, rather than sleep.
 //
-// A waiter yields the CPU (sched_yield) after every unproductive poll, except while a
-// collective over shared segments is pending (collectives/shm_coll.h: its peers write
-// straight into shared memory, no io thread involved): then after every yield_every-th
-// one, polling back to back in between (ContextImpl::note_host_ranks sets it: 8 while this
-// host's ranks have a CPU each, else 1). A poll is a fraction of a microsecond and a yield
-// about 0.6 us here. For messages the yield stays at every poll: polling longer between
-// yields delayed the io threads that carry bells (2-rank 8-byte sendrecv 1.8 -> 2.7 us).
+// A waiter yields the CPU (sched_yield) after every message_yield_every-th unproductive
+// poll, polling back to back in between; while a collective over shared segments is
+// pending (collectives/shm_coll.h: its peers write straight into shared memory, no io
+// thread involved), after every yield_every-th one. ContextImpl::note_host_ranks sets both:
+// for segments 8 while this host's ranks have a CPU each, for messages 8 only while each
+// rank also leaves a CPU to a helper thread (the tcp and shm providers' io threads, the
+// ucx provider's), else 1. A poll is a fraction of a microsecond and a yield 0.6 us or
+// more. With 2 ranks on 2 vCPUs, polling 8 times between yields delayed the io threads
+// that carry bells (2-rank 8-byte sendrecv 1.8 -> 2.7 us; shm's 8 B half round trip
+// 1.3-1.6 -> 1.6-2.0 us); on 16 cores it took ucx's from 1.5-1.7 to 1.0-1.4 us
+// (docs/performance.md, "Message waits with CPUs to spare").
 // While such a collective is pending a waiter also polls for kSegmentSpin (1 ms) before
 // it sleeps, and progress() runs the providers' pollers on every 16th pass only. Its
 // sleep is then on the segment's bell, a futex that the peers ring when they write, in
@@ -84,6 +88,11 @@ class ProgressEngine {
   // HMC_TIMEOUT, for Request::wait() without an argument.
   std::chrono::milliseconds default_timeout{60000};
   void set_yield_every(int polls) { yield_every_.store(polls < 1 ? 1 : polls, std::memory_order_relaxed); }
+  void set_message_yield_every(int polls) {
+    message_yield_every_.store(polls < 1 ? 1 : polls, std::memory_order_relaxed);
+  }
+  int yield_every() const { return yield_every_.load(std::memory_order_relaxed); }
+  int message_yield_every() const { return message_yield_every_.load(std::memory_order_relaxed); }
   // A shared-segment collective over `segs` starts (+1) or ends (-1). While only one
   // communicator's are pending, a waiter sleeps on that segment's bell, which its peers
   // ring when they write (host_segments.h), and wake() rings it too.
@@ -104,6 +113,7 @@ class ProgressEngine {
   std::atomic<int> sleepers_{0};
   std::atomic<bool> closed_{false};
   std::atomic<int> yield_every_{1};
+  std::atomic<int> message_yield_every_{1};
   std::atomic<int> segment_waits_{0};
   int holds_ = 0;  // guarded by mu_
   // Segments with collectives pending (guarded by mu_), and how many waiters sleep on a
