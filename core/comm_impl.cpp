@@ -137,7 +137,9 @@ Status CommImpl::setup(const UniqueId& id) {
   // may split one machine into several hosts).
   int here = 0;
   for (auto& p : peers_) here += p.card.hostname == mine.hostname ? 1 : 0;
-  ctx_.note_host_ranks(here);
+  const bool helpers =
+      std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.net && !(p.net->net_caps & HMC_NET_CAP_POLLED); });
+  ctx_.note_host_ranks(here, helpers);
   for (auto& p : peers_)
     HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
   for (auto& p : peers_)

@@ -127,7 +127,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
       {"HMC_SHM_COLL", ParamType::kBool, "1", "all_reduce, reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
       {"HMC_SHM_COLL_MAX", ParamType::kSize, "0", "only collectives of up to this much input per rank go through the shared-memory segments of HMC_SHM_COLL; 0: no limit (set alike on every rank; 4K suits buffers from Context::alloc(kShareable), see docs/collectives.md)"},
-      {"HMC_YIELD_EVERY", ParamType::kInt, "0", "a waiting thread calls sched_yield after this many unproductive polls; 0 (automatic): 8 while this host's ranks have a CPU each (for messages two each, one for a provider's helper thread, and this rank's binding allows two), else 1"},
+      {"HMC_YIELD_EVERY", ParamType::kInt, "0", "a waiting thread calls sched_yield after this many unproductive polls; 0 (automatic): 8 while this host's ranks have a CPU each (for messages over providers with threads of their own, tcp and shm, two each, and this rank's binding allows two), else 1"},
       {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},
       {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},
       {"HMC_WORLD_SIZE", ParamType::kInt, "", "number of ranks (Communicator::from_env)"},

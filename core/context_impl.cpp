@@ -93,7 +93,7 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   ctx->engine_->default_timeout = ctx->timeout_;
   ctx->yield_every_ = ctx->config_.integer("HMC_YIELD_EVERY");
   if (ctx->yield_every_ < 0) return Status(ErrorCode::kInvalidArgument, "HMC_YIELD_EVERY must be 0 (automatic) or more");
-  ctx->note_host_ranks(1);
+  ctx->note_host_ranks(1, false);
   ctx->host_register_min_ = ctx->config_.size("HMC_HOST_REGISTER");
   ctx->host_id_ = ctx->config_.str("HMC_HOST_ID");
   if (ctx->host_id_.empty()) ctx->host_id_ = local_hostname() + "/" + read_boot_id();
@@ -335,15 +335,16 @@ int allowed_cpus() {
 }
 }  // namespace
 
-void ContextImpl::note_host_ranks(int n) {
+void ContextImpl::note_host_ranks(int n, bool helpers) {
   constexpr int kAlone = 8;  // polls between yields with a CPU to oneself (progress.h)
   std::lock_guard lock(mu_);
   host_ranks_ = std::max(host_ranks_, n);
+  host_helpers_ = host_helpers_ || helpers;
   const auto cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int segments = yield_every_ > 0 ? static_cast<int>(yield_every_) : host_ranks_ <= cpus ? kAlone : 1;
-  // Messages need a provider's helper thread to run beside the rank: a CPU for each, on
-  // the host and within this rank's own binding.
-  const bool room = 2 * host_ranks_ <= cpus && allowed_cpus() >= 2;
+  // Where messages need a provider's helper thread to run beside the rank: a CPU for
+  // each, on the host and within this rank's own binding.
+  const bool room = host_helpers_ ? 2 * host_ranks_ <= cpus && allowed_cpus() >= 2 : host_ranks_ <= cpus;
   const int messages = yield_every_ > 0 ? static_cast<int>(yield_every_) : room ? kAlone : 1;
   engine_->set_yield_every(segments);
   engine_->set_message_yield_every(messages);

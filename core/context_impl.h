@@ -27,11 +27,13 @@ class ContextImpl {
   PluginRegistry& registry() { return *registry_; }
   const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  // A communicator of this context has `n` ranks on this machine (this one included):
-  // waiters poll back to back between yields only while the busiest such communicator
-  // leaves every rank a CPU, and for messages a second one for a helper thread
-  // (progress.h), unless HMC_YIELD_EVERY says otherwise.
-  void note_host_ranks(int n);
+  // A communicator of this context has `n` ranks on this machine (this one included), and
+  // `helpers`: some of its paths need a provider's thread to move messages (a net provider
+  // without HMC_NET_CAP_POLLED). Waiters poll back to back between yields only while the
+  // busiest such communicator leaves every rank a CPU, and for messages where any needs
+  // helpers, a second one for the helper (progress.h), unless HMC_YIELD_EVERY says
+  // otherwise.
+  void note_host_ranks(int n, bool helpers);
   Clock::time_point deadline() const { return Clock::now() + timeout_; }
 
   std::vector<DeviceInfo> devices() const;
@@ -105,6 +107,7 @@ class ContextImpl {
   std::chrono::milliseconds timeout_{60000};
   int64_t yield_every_ = 0;  // HMC_YIELD_EVERY
   int host_ranks_ = 1;       // most ranks on this machine in one communicator (mu_)
+  bool host_helpers_ = false;  // a communicator's path needs a provider's thread (mu_)
   std::size_t host_register_min_ = 0;
   std::string host_id_;
   mutable std::mutex mu_;

@@ -143,7 +143,8 @@ std::vector<std::string> net_cap_names(uint64_t caps) {
       {HMC_NET_CAP_REMOTE, "remote"},     {HMC_NET_CAP_SAME_HOST, "same_host"},
       {HMC_NET_CAP_MEM_HOST, "mem_host"}, {HMC_NET_CAP_MEM_DMABUF, "mem_dmabuf"},
       {HMC_NET_CAP_MEM_PEER, "mem_peer"}, {HMC_NET_CAP_SINGLE_COPY, "single_copy"},
-      {HMC_NET_CAP_MEM_ALLOC, "mem_alloc"}, {HMC_NET_CAP_GET, "get"}};
+      {HMC_NET_CAP_MEM_ALLOC, "mem_alloc"}, {HMC_NET_CAP_GET, "get"},
+      {HMC_NET_CAP_POLLED, "polled"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);

@@ -22,13 +22,14 @@
 // poll, polling back to back in between; while a collective over shared segments is
 // pending (collectives/shm_coll.h: its peers write straight into shared memory, no io
 // thread involved), after every yield_every-th one. ContextImpl::note_host_ranks sets both:
-// for segments 8 while this host's ranks have a CPU each, for messages 8 only while each
-// rank also leaves a CPU to a helper thread (the tcp and shm providers' io threads, the
-// ucx provider's), else 1. A poll is a fraction of a microsecond and a yield 0.6 us or
+// 8 while this host's ranks have a CPU each, and for messages over providers that need a
+// thread of their own (tcp's and shm's io threads; not ucx, HMC_NET_CAP_POLLED) a second
+// CPU each for it, else 1. A poll is a fraction of a microsecond and a yield 0.6 us or
 // more. With 2 ranks on 2 vCPUs, polling 8 times between yields delayed the io threads
 // that carry bells (2-rank 8-byte sendrecv 1.8 -> 2.7 us; shm's 8 B half round trip
-// 1.3-1.6 -> 1.6-2.0 us); on 16 cores it took ucx's from 1.5-1.7 to 1.0-1.4 us
-// (docs/performance.md, "Message waits with CPUs to spare").
+// 1.3-1.6 -> 1.6-2.0 us); on 16 cores it took ucx's from 1.5-1.7 to 1.0-1.4 us, and on 2
+// vCPUs from 1.11-1.37 to 0.98-1.30 (docs/performance.md, "Message waits with CPUs to
+// spare").
 // While such a collective is pending a waiter also polls for kSegmentSpin (1 ms) before
 // it sleeps, and progress() runs the providers' pollers on every 16th pass only. Its
 // sleep is then on the segment's bell, a futex that the peers ring when they write, in

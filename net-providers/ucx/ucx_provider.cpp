@@ -75,7 +75,10 @@ constexpr hmc_net_provider_t kTable = {
     .abi_version = HMC_NET_ABI_VERSION,
     .name = "ucx",
     .caps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST |
-            HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_ALLOC | HMC_NET_CAP_GET,
+            HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_ALLOC | HMC_NET_CAP_GET |
+            // The worker moves in the host's calls; the thread takes it over only after
+            // the host stopped polling (provider.h).
+            HMC_NET_CAP_POLLED,
     .params = kParams,
     .num_params = std::size(kParams),
     .init = init,

@@ -33,7 +33,7 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
       const uint64_t known = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE |
                              HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF |
                              HMC_NET_CAP_MEM_PEER | HMC_NET_CAP_SINGLE_COPY | HMC_NET_CAP_MEM_ALLOC |
-                             HMC_NET_CAP_GET;
+                             HMC_NET_CAP_GET | HMC_NET_CAP_POLLED;
       CHECK((p->caps & ~known) == 0);
       CHECK((p->caps & (HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST)) != 0);
       CHECK((p->caps & (HMC_NET_CAP_MEM_HOST | HMC_NET_CAP_MEM_DMABUF | HMC_NET_CAP_MEM_PEER)) !=

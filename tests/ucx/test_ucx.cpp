@@ -523,6 +523,24 @@ TEST_CASE("ucx: a UCX that cannot start is unavailable with its reason; tcp and 
   REQUIRE(test::all_ok(exits));
 }
 
+// ucx moves everything in the host's calls while the host polls (its thread takes the
+// worker over only after), so it says HMC_NET_CAP_POLLED: waiters on its paths need no CPU
+// kept free for it (core/progress.h). tcp and shm carry messages on io threads and do not.
+TEST_CASE("ucx: says its messages move in the host's calls; tcp and shm do not", "[ucx][caps]") {
+  auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,tcp,shm,ucx"}}});
+  REQUIRE(ctx.ok());
+  int seen = 0;
+  for (const auto& p : ctx->providers()) {
+    if (p.kind != "net" || !p.available) continue;
+    INFO(p.name);
+    const bool polled = std::find(p.cap_names.begin(), p.cap_names.end(), "polled") != p.cap_names.end();
+    CHECK(polled == ((p.caps & HMC_NET_CAP_POLLED) != 0));
+    CHECK(polled == (p.name == "ucx"));
+    ++seen;
+  }
+  CHECK(seen == (ucx_missing() ? 2 : 3));
+}
+
 // The lifeline handshake carries a version: a peer whose ucx speaks another wire
 // protocol (version 1 left puts by active message unanswered) is refused with both
 // versions named, not left to time out.

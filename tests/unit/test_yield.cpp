@@ -1,6 +1,7 @@
 // How often a waiter yields the CPU (core/progress.h): between yields it polls back to back
-// only where the host leaves every rank a CPU, and for messages a second one for a
-// provider's helper thread, within the rank's own CPU binding too.
+// only where the host leaves every rank a CPU, and for messages over providers with threads
+// of their own (no HMC_NET_CAP_POLLED) a second one for that thread, within the rank's own
+// CPU binding too.
 #include <sched.h>
 
 #include <catch2/catch.hpp>
@@ -52,32 +53,52 @@ int allowed() {
 TEST_CASE("a waiter yields after every poll where ranks would crowd the CPUs", "[progress][yield]") {
   auto ctx = make();
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ctx->note_host_ranks(cpus);  // a CPU for each rank, none for their helper threads
+  ctx->note_host_ranks(cpus, true);  // a CPU for each rank, none for their helper threads
   CHECK(ctx->engine()->yield_every() == 8);
   CHECK(ctx->engine()->message_yield_every() == 1);
-  ctx->note_host_ranks(cpus + 1);
+  ctx->note_host_ranks(cpus + 1, true);
   CHECK(ctx->engine()->yield_every() == 1);
   CHECK(ctx->engine()->message_yield_every() == 1);
-  ctx->note_host_ranks(1);  // the busiest communicator counts: nothing changes
+  ctx->note_host_ranks(1, false);  // the busiest communicator counts: nothing changes
   CHECK(ctx->engine()->yield_every() == 1);
   CHECK(ctx->engine()->message_yield_every() == 1);
 }
 
-TEST_CASE("a rank alone polls 8 times between yields unless bound to one CPU", "[progress][yield]") {
+TEST_CASE("over providers that need no thread of their own a rank's CPU is room enough", "[progress][yield]") {
+  auto ctx = make();
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  {
+    OneCpu bound;  // no helper thread to share it with
+    ctx->note_host_ranks(cpus, false);
+  }
+  CHECK(ctx->engine()->yield_every() == 8);
+  CHECK(ctx->engine()->message_yield_every() == 8);
+  // One communicator whose paths need helpers is enough: every wait may be on it.
+  ctx->note_host_ranks(1, true);
+  CHECK(ctx->engine()->yield_every() == 8);
+  CHECK(ctx->engine()->message_yield_every() == 1);
+  ctx->note_host_ranks(1, false);
+  CHECK(ctx->engine()->message_yield_every() == 1);
+}
+
+TEST_CASE("a rank alone with helpers polls 8 times between yields unless bound to one CPU", "[progress][yield]") {
   if (allowed() >= 2 && std::thread::hardware_concurrency() >= 2) {
     auto ctx = make();
+    ctx->note_host_ranks(1, true);
     CHECK(ctx->engine()->yield_every() == 8);
     CHECK(ctx->engine()->message_yield_every() == 8);
   }
   OneCpu bound;  // as a launcher that binds each rank to a core leaves it
   auto ctx = make();
+  CHECK(ctx->engine()->message_yield_every() == 8);  // no communicator yet: no helpers
+  ctx->note_host_ranks(1, true);
   CHECK(ctx->engine()->yield_every() == 8);
   CHECK(ctx->engine()->message_yield_every() == 1);
 }
 
 TEST_CASE("HMC_YIELD_EVERY sets both counts", "[progress][yield]") {
   auto ctx = make({{"HMC_YIELD_EVERY", "3"}});
-  ctx->note_host_ranks(1000);
+  ctx->note_host_ranks(1000, true);
   CHECK(ctx->engine()->yield_every() == 3);
   CHECK(ctx->engine()->message_yield_every() == 3);
 }

@@ -46,6 +46,11 @@ extern "C" {
 #define HMC_NET_CAP_SINGLE_COPY (1ull << 7)  /* put copies once (no staging in between) */
 #define HMC_NET_CAP_MEM_ALLOC (1ull << 8)    /* mem_alloc/mem_free (appended to the table) */
 #define HMC_NET_CAP_GET (1ull << 9)          /* get (appended to the table) */
+/* Moves everything within the host's calls (progress, test, the data calls): no thread
+ * of its own needs a CPU while the host polls. The host's waiters then yield the CPU less
+ * often where the host has one for each rank (core/progress.h); without the bit they
+ * leave room for the provider's threads. A hint: no entry point behind it. */
+#define HMC_NET_CAP_POLLED (1ull << 10)
 
 #define HMC_NET_ADDR_MAX 128
 #define HMC_NET_HELLO_MAX 256
