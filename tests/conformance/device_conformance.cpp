@@ -17,8 +17,8 @@
 // memory is only ever touched through the plugin's copy (device pointers are never
 // dereferenced). The program re-executes itself with --hmc-ipc-child to play the
 // exporting process: vendor runtimes do not survive a plain fork.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+#include "catch_run.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -1681,5 +1681,5 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "hmc-conformance-device: seed %llu (HMC_CONFORMANCE_SEED), timeout %lld ms\n",
                static_cast<unsigned long long>(seed()), static_cast<long long>(timeout().count()));
-  return Catch::Session().run(argc, argv);
+  return hmc::test::run_catch(argc, argv);
 }

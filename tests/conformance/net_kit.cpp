@@ -1,6 +1,5 @@
 // Catch half of the net kit harness: connected pairs, message checks, the per-plugin loop,
 // child processes and the program's main.
-#define CATCH_CONFIG_RUNNER
 #include "net_kit.h"
 
 #include <signal.h>
@@ -9,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include "catch_run.h"
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -151,5 +151,5 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "hmc-conformance-net: seed %llu (HMC_CONFORMANCE_SEED to repeat)\n",
                static_cast<unsigned long long>(hmc_conformance::seed()));
-  return Catch::Session().run(argc, argv);
+  return hmc::test::run_catch(argc, argv);
 }

@@ -2,11 +2,10 @@
 //
 // HMCTEST_DEVICE names it ("emu" in CI, "cuda" on a GPU machine). Where it is missing or
 // unavailable the suite prints why and exits 77, which CTest reports as skipped.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 
+#include "catch_run.h"
 #include "device_support.h"
 
 int main(int argc, char** argv) {
@@ -15,5 +14,5 @@ int main(int argc, char** argv) {
     std::printf("skipped: %s\n", why.c_str());
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return hmc::test::run_catch(argc, argv);
 }

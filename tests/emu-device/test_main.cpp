@@ -1,10 +1,8 @@
 // Catch2 main of hmc-emu-device-tests; `--emu-child <role> <in> <out>` runs a child role.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <cstring>
 
+#include "catch_run.h"
 #include "emu_session.h"
 
 int main(int argc, char** argv) {
@@ -14,5 +12,5 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[2], "ipc") == 0) return hmc::emu_test::ipc_child(in, out);
     return 2;
   }
-  return Catch::Session().run(argc, argv);
+  return hmc::test::run_catch(argc, argv);
 }
