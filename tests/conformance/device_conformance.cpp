@@ -18,7 +18,6 @@
 // dereferenced). The program re-executes itself with --hmc-ipc-child to play the
 // exporting process: vendor runtimes do not survive a plain fork.
 #include <catch2/catch.hpp>
-#include "catch_run.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -44,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "catch_run.h"
 #include "hmc/provider/device.h"
 
 extern char** environ;

@@ -8,10 +8,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include "catch_run.h"
 #include <cstdio>
 #include <cstring>
 #include <thread>
+
+#include "catch_run.h"
 
 namespace hmc_conformance {
 
