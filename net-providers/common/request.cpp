@@ -24,7 +24,10 @@ Request* RequestTable::create() {
     if (n == 0 || slots_used_ == kFirstChunk << (n - 1)) {
       if (n == kMaxChunks) throw std::bad_alloc();  // as `new` would first; guarded() reports it
       auto* chunk = new Request[kFirstChunk << n];
-      for (size_t k = 0; k < (kFirstChunk << n); ++k) chunk[k].state.store(Request::kNotLive, std::memory_order_relaxed);
+      for (size_t k = 0; k < (kFirstChunk << n); ++k) {
+        chunk[k].state.store(Request::kNotLive, std::memory_order_relaxed);
+        chunk[k].ends = &ends_;
+      }
       chunks_[n].store(chunk, std::memory_order_release);
       chunk_count_.store(++n, std::memory_order_release);
       slots_used_ = 0;

@@ -34,13 +34,23 @@ struct Request {
   std::string message;
   bool live = false;  // handed out and not yet released (RequestTable::mu_)
 
+  // The table's count of ends (the ABI's `events`), moved after the state.
+  std::atomic<uint64_t>* ends = nullptr;
+
   void complete(size_t n) {
     bytes = n;
     state.store(HMC_PROV_OK, std::memory_order_release);
+    ended();
   }
   void fail(int code, std::string why) {
     message = std::move(why);
     state.store(code, std::memory_order_release);
+    ended();
+  }
+
+ private:
+  void ended() {
+    if (ends != nullptr) ends->fetch_add(1, std::memory_order_release);
   }
 };
 
@@ -56,6 +66,8 @@ class RequestTable {
   void discard(Request* req);
   // The ABI's test: see net.h. Unknown requests give HMC_PROV_ERR_INVALID.
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
+  // The ABI's events: how many requests have ended (see net.h).
+  uint64_t ends() const { return ends_.load(std::memory_order_acquire); }
 
  private:
   static constexpr size_t kFirstChunk = 64;
@@ -67,6 +79,7 @@ class RequestTable {
   std::mutex mu_;
   std::array<std::atomic<Request*>, kMaxChunks> chunks_{};  // chunk i: kFirstChunk << i slots
   std::atomic<size_t> chunk_count_{0};
+  std::atomic<uint64_t> ends_{0};
   size_t slots_used_ = 0;       // slots of the last chunk handed out at least once (mu_)
   std::vector<Request*> free_;  // released, to hand out again (mu_)
 };

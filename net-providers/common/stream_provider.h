@@ -64,6 +64,7 @@ class StreamProvider {
   int put(void* conn, const void* src, size_t len, const void* rkey, size_t rkey_len,
           uint64_t offset, void** req);
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap);
+  uint64_t events() const { return requests_.ends(); }  // the ABI's events (net.h)
   // Reads the connections' message rings: 1 when a request completed, else 0.
   int progress();
 

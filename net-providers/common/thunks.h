@@ -57,6 +57,7 @@ struct Thunks {
   static int test(void* s, void* req, int* done, size_t* bytes, char* msg, size_t cap) {
     return guarded<P>(s, [&](P& p) { return p.test(req, done, bytes, msg, cap); });
   }
+  static uint64_t events(void* s) noexcept { return static_cast<P*>(s)->events(); }
 };
 
 }  // namespace hmc_net

@@ -304,6 +304,7 @@ class Provider {
   int test(void* req, int* done, size_t* bytes, char* message, size_t message_cap) {
     return requests_.test(req, done, bytes, message, message_cap);
   }
+  uint64_t events() const { return requests_.ends(); }
   int progress();
 
   // UCP callbacks (static trampolines in conn.cpp / put.cpp call these under mu_).

@@ -105,6 +105,7 @@ constexpr hmc_net_provider_t kTable = {
       return hmc_net::guarded<Provider>(s, [&](Provider& p) { return p.mem_free(ptr, mr); });
     },
     .get = hmc_net::Thunks<Provider>::get,
+    .events = hmc_net::Thunks<Provider>::events,
 };
 
 }  // namespace

@@ -179,6 +179,19 @@ typedef struct hmc_net_provider {
    * put instead. Bytes the peer changes while the get runs arrive either way. */
   int (*get)(void* state, void* conn, void* dst, size_t len, void* local_mr, const void* rkey,
              size_t rkey_len, uint64_t offset, void** req);
+
+  /* Appended to ABI v1 (read only from a table whose struct_size holds it; may
+   * be NULL).
+   *
+   * How many of this state's requests have ended (completed or failed) so far:
+   * a count that only grows, moved after each end is visible to `test` (a
+   * release, as the host reads it with an acquire). It lets the host skip
+   * testing its requests in a progress pass while the count stands where it
+   * stood before it last tested them all: the cost of a pass then no longer
+   * grows with the number of connections. A provider whose requests can end
+   * without moving the count must leave this NULL; the host then tests every
+   * request in every pass. Called from any thread, often: no lock. */
+  uint64_t (*events)(void* state);
 } hmc_net_provider_t;
 
 typedef const hmc_net_provider_t* (*hmc_net_entry_v1_fn)(void);
