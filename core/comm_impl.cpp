@@ -144,7 +144,10 @@ Status CommImpl::setup(const UniqueId& id) {
     HMC_LOG("path", info, "rank {} -> rank {}: {} ({})", rank_, p.rank, p.path.provider, p.path.reason);
   for (auto& p : peers_)
     if (p.net && std::find(polled_.begin(), polled_.end(), p.net) == polled_.end()) polled_.push_back(p.net);
-  for (LoadedProvider* n : polled_) n->users.fetch_add(1);
+  for (LoadedProvider* n : polled_) {
+    n->users.fetch_add(1);
+    events_.watch(n->net_events, n->state);
+  }
   HMC_RETURN_IF_ERROR(connect_all(id.secret, deadline));
   HMC_RETURN_IF_ERROR(setup_segments(mine, deadline));
   for (auto& p : peers_) {
@@ -319,6 +322,7 @@ void CommImpl::close_connections() {
   listeners_.clear();
   for (LoadedProvider* n : polled_) n->users.fetch_sub(1);
   polled_.clear();
+  events_.clear();
 }
 
 void CommImpl::abort() {

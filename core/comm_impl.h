@@ -34,6 +34,7 @@
 #include "core/card.h"
 #include "core/context_impl.h"
 #include "core/device_path.h"
+#include "core/events_watch.h"
 #include "core/host_segments.h"
 #include "core/progress.h"
 #include "core/registration.h"
@@ -360,6 +361,7 @@ class CommImpl : public Progressable {
   // The net providers of this communicator's peers, each counted once in its `users`
   // (setup) until close_connections.
   std::vector<LoadedProvider*> polled_;
+  EventsWatch events_;  // polled_'s `events` counts: whether a pass tests the peers (mu_)
   Secret secret_{};
   mutable std::mutex mu_;
   std::atomic<bool> lost_changed_{false};

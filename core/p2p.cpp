@@ -117,8 +117,12 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.device_mem(buf, bytes);
   if (p.net) {
-    if (must_hold(p, bytes, device)) p.held.push_back({op, data, bytes, tag, device, Clock::now() + p.path.credit_wait});
-    else start_send(p, op, data, bytes, tag, device);
+    if (must_hold(p, bytes, device)) {
+      p.held.push_back({op, data, bytes, tag, device, Clock::now() + p.path.credit_wait});
+      events_.rescan();  // the clock may release it too, not only a credit message
+    } else {
+      start_send(p, op, data, bytes, tag, device);
+    }
     return op;
   }
   // Self: delivered like an eager message that never leaves the process.
@@ -673,8 +677,13 @@ bool CommImpl::progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || state_.load() != 0) return false;
   bool any = dev_.poll();
-  for (auto& p : peers_)
-    if (p.net) any |= progress_peer(p);
+  if (events_.due()) {
+    for (auto& p : peers_) {
+      if (!p.net) continue;
+      any |= progress_peer(p);
+      if (p.repost || !p.held.empty()) events_.rescan();
+    }
+  }
   // The control plane may learn of a peer's end before its connection does: what the
   // connection already holds (its last messages, a FIN) is taken first (a bounded number
   // of passes), then the loss fails what is still pending.

@@ -34,6 +34,8 @@ struct LoadedProvider {
   const hmc_ccl_provider_t* ccl = nullptr;
   hmc_net_props_t net_props{};
   uint64_t net_caps = 0;  // the table's caps less what props withdrew (caps_absent)
+  // The table's `events` where it has one (net.h; appended to ABI v1), else null.
+  uint64_t (*net_events)(void* state) = nullptr;
   hmc_host_services_t services{};
   std::string log_name;  // "prov.<name>"
   Config* config = nullptr;
