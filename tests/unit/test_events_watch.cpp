@@ -1,6 +1,7 @@
 // When a communicator's pass tests its peers' requests (core/events_watch.h), and the
 // events count of the shared provider code that it relies on (common/request.h).
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -83,11 +84,16 @@ TEST_CASE("request table: each end moves the count after test can see it", "[uni
   CHECK(table.ends() == start + 2);  // tests end nothing
   // An end on another thread: whoever sees the count move sees the end.
   std::thread t([&] { pending->complete(7); });
-  while (table.ends() == start + 2) std::this_thread::yield();
-  CHECK(table.test(pending, &is_done, &bytes, message, sizeof(message)) == HMC_PROV_OK);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool moved = false;
+  while (!(moved = table.ends() != start + 2) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  const int rc = moved ? table.test(pending, &is_done, &bytes, message, sizeof(message)) : HMC_PROV_ERR_INTERNAL;
+  t.join();  // before any REQUIRE: a joinable thread must not be destroyed
+  REQUIRE(moved);
+  CHECK(rc == HMC_PROV_OK);
   CHECK(is_done == 1);
   CHECK(bytes == 7);
-  t.join();
   // A request handed out again counts its next end too.
   hmc_net::Request* again = table.create();
   again->complete(0);
