@@ -112,6 +112,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Any thread: reads what the peer wrote into this side's message ring, stamping
   // the ring as polled when `stamp_ns` is not 0. True when a request completed.
   bool poll_ring(int64_t stamp_ns);
+  // Any thread: marks this side's ring as no longer polled (the peer's writes ring a bell).
+  void ring_idle() {
+    if (rx_ring_) rx_ring_->stamp_polling(0);
+  }
   bool has_ring() const { return rx_ring_ != nullptr; }
 
   // io thread: fail everything pending with `code` and close the socket.

@@ -85,6 +85,7 @@ constexpr hmc_net_provider_t stream_table(const char* name, uint64_t caps, const
       .mem_free = nullptr,
       .get = nullptr,  // no HMC_NET_CAP_GET: the host puts every rendezvous
       .events = Thunks<StreamProvider>::events,
+      .idle = Thunks<StreamProvider>::idle,
   };
 }
 

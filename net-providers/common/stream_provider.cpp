@@ -95,6 +95,23 @@ int StreamProvider::progress() {
   return any ? 1 : HMC_PROV_OK;
 }
 
+// The caller stops polling: its stamps, up to kIdleNs old, would keep writers from ringing.
+// The call after this one is then not close to the one before, and stamps nothing. Between
+// a writer's last write and its look at the stamp, and between the stamp's store here and
+// the caller's next read of the ring, stand seq_cst fences: the writer rings, or the read
+// finds what it wrote.
+void StreamProvider::idle() {
+  std::shared_ptr<const RingList> rings;
+  {
+    std::lock_guard lock(mu_);
+    rings = rings_;
+  }
+  last_progress_ns_.store(0, std::memory_order_relaxed);
+  if (rings)
+    for (const auto& c : *rings) c->ring_idle();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 std::shared_ptr<Connection> StreamProvider::find_conn(void* conn) {
   std::lock_guard lock(mu_);
   auto it = conns_.find(conn);

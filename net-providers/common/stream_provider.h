@@ -67,6 +67,8 @@ class StreamProvider {
   uint64_t events() const { return requests_.ends(); }  // the ABI's events (net.h)
   // Reads the connections' message rings: 1 when a request completed, else 0.
   int progress();
+  // The ABI's idle (net.h): marks every ring's reader as gone, so writers ring bells.
+  void idle();
 
   // Transport hooks called by Connection on the io thread.
   // After connect/accept: socket options, peer description, peer pid.

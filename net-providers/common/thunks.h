@@ -58,6 +58,7 @@ struct Thunks {
     return guarded<P>(s, [&](P& p) { return p.test(req, done, bytes, msg, cap); });
   }
   static uint64_t events(void* s) noexcept { return static_cast<P*>(s)->events(); }
+  static void idle(void* s) noexcept { static_cast<P*>(s)->idle(); }
 };
 
 }  // namespace hmc_net

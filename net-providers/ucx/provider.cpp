@@ -147,8 +147,9 @@ bool Provider::drive(bool until_idle) {
 
 // A call that comes less than kLinger after the one before is the host polling. One
 // after a longer gap is not: the host had stopped, and a waiter that was polling makes
-// exactly such a call before a long sleep (core/progress.h). The thread, which may not
-// look again for up to kLookMax, is told at once to take the worker over.
+// exactly such a call before a long sleep (core/progress.h), as is the call after idle().
+// The thread, which may not look again for up to kLookMax, is told at once to take the
+// worker over.
 int Provider::progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return HMC_PROV_OK;
@@ -160,13 +161,23 @@ int Provider::progress() {
   // move polls on before it sleeps (core/progress.cpp), so the gap that matters never
   // follows it. Its end is not stamped: a clock read is 16-34 ns on the VMs measured, on
   // the path of every message (docs/performance.md, "What is left to cut").
-  const bool polling = moved_last_ || now - before < kLinger;
+  const bool idle = idle_.load(std::memory_order_relaxed) && idle_.exchange(false);
+  const bool polling = !idle && (moved_last_ || now - before < kLinger);
   if (polling) host_polled_.store(now.count(), std::memory_order_relaxed);
   const bool moved = drive(false);
   moved_last_ = moved;
   unlock_and_wake(lock);
   if (!polling && !thread_watches_.load(std::memory_order_relaxed)) kick_thread();
   return moved ? 1 : HMC_PROV_OK;
+}
+
+// The host says at once what the gap before its next call would say only after kLinger:
+// the thread, which may not look again for up to kLookMax, arms the worker and wakes the
+// host for what arrives from now on.
+void Provider::idle() {
+  idle_.store(true, std::memory_order_relaxed);
+  host_polled_.store(0, std::memory_order_relaxed);
+  if (!thread_watches_.load(std::memory_order_relaxed)) kick_thread();
 }
 
 void Provider::note_host_call() {

@@ -306,6 +306,8 @@ class Provider {
   }
   uint64_t events() const { return requests_.ends(); }
   int progress();
+  // The ABI's idle (net.h): the host stops polling; the thread takes the worker over now.
+  void idle();
 
   // UCP callbacks (static trampolines in conn.cpp / put.cpp call these under mu_).
   ucs_status_t on_am(const Wire& w, void* data, size_t len, const ucp_am_recv_param_t* param);
@@ -412,6 +414,7 @@ class Provider {
   std::atomic<int> host_inside_{0};          // host calls copying under mu_ right now (put)
   Clock::duration last_progress_{};  // when progress() last ran at all (under mu_)
   bool moved_last_ = false;          // that call's pass moved something (under mu_)
+  std::atomic<bool> idle_{false};    // idle() came: the next progress() is not a poll
   // The thread has the worker's fd in its epoll set (start() puts it there); only the
   // thread changes it, progress() reads it.
   std::atomic<bool> thread_watches_{true};

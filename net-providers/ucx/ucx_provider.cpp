@@ -106,6 +106,7 @@ constexpr hmc_net_provider_t kTable = {
     },
     .get = hmc_net::Thunks<Provider>::get,
     .events = hmc_net::Thunks<Provider>::events,
+    .idle = hmc_net::Thunks<Provider>::idle,
 };
 
 }  // namespace

@@ -88,6 +88,8 @@ class Session {
   int wait_connected(void* conn);
   // Sleeps until the plugin wakes the host or `limit` passes.
   void nap(std::chrono::milliseconds limit);
+  // How many times the plugin called the host's wake so far.
+  uint64_t wakes();
 
   const hmc_net_provider_t* p = nullptr;
   void* state = nullptr;

@@ -152,6 +152,11 @@ void Session::nap(std::chrono::milliseconds limit) {
   host_.cv.wait_for(lock, limit, [&] { return host_.wakes != seen; });
 }
 
+uint64_t Session::wakes() {
+  std::lock_guard lock(host_.mu);
+  return host_.wakes;
+}
+
 Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
   Outcome out;
   const auto deadline = Clock::now() + limit;

@@ -192,6 +192,22 @@ typedef struct hmc_net_provider {
    * without moving the count must leave this NULL; the host then tests every
    * request in every pass. Called from any thread, often: no lock. */
   uint64_t (*events)(void* state);
+
+  /* Appended to ABI v1 (read only from a table whose struct_size holds it; may
+   * be NULL).
+   *
+   * The host is about to stop calling `progress`: a waiter that found nothing
+   * goes to sleep. A provider that takes `progress` calls close together as a
+   * host that polls, and then leaves what arrives for the next call instead of
+   * calling host->wake, must stop taking it so at once: from this call on it
+   * announces every request end with host->wake until calls come close together
+   * again. The host makes one more `progress` call right after this one (to find
+   * what came before), which must not count as close to the call before it.
+   * With NULL the host cannot say so: its waiter sleeps at most 200 us first and
+   * polls once more before a longer sleep, so what such a provider holds back
+   * waits up to that long. Called from any thread, possibly while another thread
+   * is inside `progress`. */
+  void (*idle)(void* state);
 } hmc_net_provider_t;
 
 typedef const hmc_net_provider_t* (*hmc_net_entry_v1_fn)(void);
