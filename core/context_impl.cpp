@@ -102,7 +102,10 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   ctx->registry_ = std::move(reg.value());
   for (auto& n : ctx->registry_->nets()) {
     LoadedProvider* p = n.get();
-    ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; });
+    std::function<void()> idle;
+    if (p->net_idle) idle = [p] { p->net_idle(p->state); };
+    ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; },
+                             std::move(idle));
   }
   if (!ctx->registry_->device("cpu"))
     return Status(ErrorCode::kUnavailable, "the cpu device provider is missing or excluded; host memory needs it");

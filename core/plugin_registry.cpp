@@ -316,6 +316,8 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
     p->net_caps = p->net->caps & ~p->net_props.caps_absent;
     if (p->net->struct_size >= offsetof(hmc_net_provider_t, events) + sizeof(p->net->events))
       p->net_events = p->net->events;
+    if (p->net->struct_size >= offsetof(hmc_net_provider_t, idle) + sizeof(p->net->idle))
+      p->net_idle = p->net->idle;
     if (!(p->net_caps & HMC_NET_CAP_MSG)) return refuse("unavailable: withdrew its messages (props caps_absent)");
     info.caps = p->net_caps;
     info.cap_names = net_cap_names(p->net_caps);

@@ -36,6 +36,8 @@ struct LoadedProvider {
   uint64_t net_caps = 0;  // the table's caps less what props withdrew (caps_absent)
   // The table's `events` where it has one (net.h; appended to ABI v1), else null.
   uint64_t (*net_events)(void* state) = nullptr;
+  // The table's `idle` where it has one (net.h; appended to ABI v1), else null.
+  void (*net_idle)(void* state) = nullptr;
   hmc_host_services_t services{};
   std::string log_name;  // "prov.<name>"
   Config* config = nullptr;

@@ -138,12 +138,19 @@ void ProgressEngine::remove(Progressable* p) {
   while (passes_[parity].load() > 0) std::this_thread::yield();
 }
 
-void ProgressEngine::add_poller(std::function<bool()> poll) {
+void ProgressEngine::add_poller(std::function<bool()> poll, std::function<void()> idle) {
   std::lock_guard lock(mu_);
   pollers_.push_back(std::move(poll));
+  if (idle) idlers_.push_back(std::move(idle));
+  else every_poller_idles_ = false;
 }
 
-bool ProgressEngine::progress() {
+bool ProgressEngine::pass_after_idle() {
+  for (auto& idle : idlers_) idle();
+  return pass(true);
+}
+
+bool ProgressEngine::pass(bool all_pollers) {
   // Copy under the lock, run without it: a communicator's progress may take a while.
   // The copy is this thread's, kept while no engine's list changed (waiters call this in
   // a tight loop, and the list changes only when communicators come and go), unless this
@@ -190,7 +197,8 @@ bool ProgressEngine::progress() {
   bool any = false;
   // While shared-segment collectives are pending their waiters poll as fast as they can;
   // the providers' pollers (a UCX worker's progress among them) run on every 16th pass.
-  const bool light = segment_waits_.load(std::memory_order_relaxed) > 0 && ++t.light_passes % 16 != 0;
+  const bool light =
+      !all_pollers && segment_waits_.load(std::memory_order_relaxed) > 0 && ++t.light_passes % 16 != 0;
   if (!light)
     for (auto& poll : *pollers) any |= poll();
   for (Progressable* p : items) any |= p->progress();
@@ -233,22 +241,34 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
       if (idle % every == 0) std::this_thread::yield();
       continue;
     }
+    // A waiter that was polling tells the providers it stops, where all can be told; its
+    // one pass after that is the pass that finds what arrived before it sleeps. Else its
+    // first sleep is short (progress.h).
+    const bool tell = polling && every_poller_idles_;
+    const bool quiet = polling && !tell;
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1);
     if (auto bell = segments ? single_bell() : nullptr) {
       ++bell_sleepers_;
       lock.unlock();
-      const auto slice = std::min<Clock::duration>(deadline - now, polling ? kQuietTime : kBellSlice);
+      const auto slice = std::min<Clock::duration>(deadline - now, quiet ? kQuietTime : kBellSlice);
       const uint32_t rung = bell->begin_sleep();
       // Once more, now that peers and wake() ring: what arrived before is seen here.
-      if (!progress() && !done() && !closed_ && wakes_.load(std::memory_order_acquire) == seen)
+      const bool moved = tell ? pass_after_idle() : progress();
+      if (!moved && !done() && !closed_ && wakes_.load(std::memory_order_acquire) == seen)
         bell->sleep(rung, std::chrono::duration_cast<std::chrono::microseconds>(slice));
       bell->end_sleep();
       lock.lock();
       --bell_sleepers_;
     } else {
-      auto until = std::min(deadline, now + (polling ? kQuietTime : std::chrono::milliseconds(1)));
-      cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
+      bool found = false;
+      if (tell) {
+        lock.unlock();  // a pass may take mu_
+        found = pass_after_idle() || done();
+        lock.lock();
+      }
+      auto until = std::min(deadline, now + (quiet ? kQuietTime : std::chrono::milliseconds(1)));
+      if (!found) cv_.wait_until(lock, until, [&] { return wakes_.load(std::memory_order_acquire) != seen; });
     }
     sleepers_.fetch_sub(1);
   }
