@@ -102,8 +102,13 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   ctx->registry_ = std::move(reg.value());
   for (auto& n : ctx->registry_->nets()) {
     LoadedProvider* p = n.get();
+    // A provider nobody uses is not polled either: nothing to tell it (ucx's thread would
+    // wake and look at its worker before every sleep of every waiter).
     std::function<void()> idle;
-    if (p->net_idle) idle = [p] { p->net_idle(p->state); };
+    if (p->net_idle)
+      idle = [p] {
+        if (p->users.load(std::memory_order_relaxed) > 0) p->net_idle(p->state);
+      };
     ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; },
                              std::move(idle));
   }
