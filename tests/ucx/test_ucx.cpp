@@ -205,8 +205,9 @@ TEST_CASE("ucx: deregistering a region waits for a put landing in it", "[ucx][pu
 // before it sleeps (idle, net.h; core/progress.h): that must hand the worker back to the
 // thread at once, or a message arriving in the next millisecond waits for the waiter's
 // own timeout. After each busy phase (2000 ping-pongs) rank 1 sends 200 to 1000 us late:
-// during rank 0's spin, its first sleep, or a later one. On the 2-vCPU VM, in 600 rounds
-// (three runs), 597 took 4-176 us from send to return and 3, all 1000 us late, 290-365.
+// during rank 0's spin, its first sleep, or a later one. On the 2-vCPU VM, in 1200 rounds
+// (six runs), 1192 took 4-176 us from send to return and 8, sent 700 or 1000 us late,
+// 267-477 us (never two in one section of 25).
 // With an unannounced first sleep of 200 us instead of idle, a message landing in it waited
 // for its end: 10 rounds in 600 took 250-407 us (the median at 400 us late over shm
 // 114-125 us in two runs), and on CI 8 of 25 at 700 us late failed this case; without any
