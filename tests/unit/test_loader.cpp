@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/config.h"
+#include "core/plugin_registry.h"
+#include "core/progress.h"
 #include "hmc/context.h"
 #include "hmc/provider/net.h"
 
@@ -56,6 +59,24 @@ TEST_CASE("a net provider's withdrawn capabilities are gone from what the host r
   CHECK(p->caps & HMC_NET_CAP_SAME_HOST);
   CHECK(std::find(p->cap_names.begin(), p->cap_names.end(), "remote") == p->cap_names.end());
   CHECK(std::find(p->cap_names.begin(), p->cap_names.end(), "same_host") != p->cap_names.end());
+}
+
+TEST_CASE("appended entries are read only from a table whose struct_size holds them", "[loader]") {
+  // Both tables hold events and idle in memory; fakeshort's struct_size ends at progress.
+  auto cfg = hmc::core::Config::load({{"HMC_PROVIDER_PATH", HMC_FAKE_PLUGIN_DIR},
+                                      {"HMC_PROVIDERS", "cpu,fakelocal,fakeshort"}});
+  REQUIRE(cfg.ok());
+  hmc::core::ProgressEngine engine;
+  auto reg = hmc::core::PluginRegistry::load(cfg.value(), engine);
+  REQUIRE(reg.ok());
+  const hmc::core::LoadedProvider* full = reg.value()->net("fakelocal");
+  const hmc::core::LoadedProvider* shorter = reg.value()->net("fakeshort");
+  REQUIRE(full != nullptr);
+  REQUIRE(shorter != nullptr);
+  CHECK(full->net_events != nullptr);
+  CHECK(full->net_idle != nullptr);
+  CHECK(shorter->net_events == nullptr);
+  CHECK(shorter->net_idle == nullptr);
 }
 
 TEST_CASE("HMC_PROVIDERS selects and excludes", "[loader]") {

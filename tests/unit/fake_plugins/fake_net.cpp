@@ -1,6 +1,10 @@
 // Deliberately broken or unavailable net providers, one per FAKE_KIND, to check that the
 // loader refuses each with the right reason, and two that withdraw capabilities after init
-// (5: its messages, so it is refused; 6: its reach to other hosts). Never used outside tests.
+// (5: its messages, so it is refused; 6: its reach to other hosts). 6 has the appended
+// events and idle; 8 has them in memory too, but a struct_size that ends at progress, as
+// the first v1 tables did: the host must not read them. Never used outside tests.
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -49,7 +53,7 @@ hmc_net_provider_t make_table() {
   t.name = "somethingelse";
 #elif FAKE_KIND == 3  // capability bit without functions
   t.caps |= HMC_NET_CAP_PUT;
-#elif FAKE_KIND == 5 || FAKE_KIND == 6  // 5: withdraws its messages; 6: its reach to other hosts
+#elif FAKE_KIND == 5 || FAKE_KIND == 6 || FAKE_KIND == 8  // 5: withdraws its messages; 6: its reach to other hosts
   t.caps |= HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
 #endif
   // Fill the mandatory pointers with anything callable for kinds 0 and 1..3 tables checks.
@@ -60,6 +64,9 @@ hmc_net_provider_t make_table() {
   t.init = init_ok;
   t.props = props_withdrawing;
   t.progress = [](void*) { return ++fake_progress_calls, 0; };
+#elif FAKE_KIND == 8
+  t.init = init_ok;
+  t.struct_size = offsetof(hmc_net_provider_t, progress) + sizeof(t.progress);
 #elif FAKE_KIND == 7  // every entry but progress
   t.progress = nullptr;
 #endif
@@ -72,6 +79,10 @@ hmc_net_provider_t make_table() {
   t.send_msg = [](void*, void*, const void*, size_t, void**) { return -1; };
   t.recv_msg = [](void*, void*, void*, size_t, void**) { return -1; };
   t.test = [](void*, void*, int*, size_t*, char*, size_t) { return -1; };
+#if FAKE_KIND == 6 || FAKE_KIND == 8
+  t.events = [](void*) -> uint64_t { return 0; };
+  t.idle = [](void*) {};
+#endif
   return t;
 }
 
