@@ -5,9 +5,9 @@
 // before the last pass that tested them all, none of their requests can have ended since,
 // and a pass may skip the peers altogether: its cost then no longer grows with the number
 // of peers (ucx on shared memory, an empty poll: 8 ranks 240-460 ns -> 130-230, 16 ranks
-// on 32 cores 300-630 -> 125-240; docs/performance.md). Work of the core's own that no request end announces (a send held
-// for credit, which the clock may release; control slots to post again) asks for the next
-// scan with rescan().
+// on 32 cores 300-630 -> 125-240; docs/performance.md). Work of the core's own that no
+// request end announces (a send held for credit, which the clock may release; control
+// slots to post again) asks for the next scan with rescan().
 #pragma once
 
 #include <cstdint>

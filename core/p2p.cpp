@@ -696,7 +696,7 @@ bool CommImpl::progress() {
     }
   }
   // Copies still running on a device count as movement, as in collectives/ccl.cpp: their
-  // end wakes nobody, so a waiter that slept through it (kQuietTime, then 1 ms) left the
+  // end wakes nobody, so a waiter that slept through it (up to 1 ms at a time) left the
   // FIN behind it unsent. On 2 H200s one 64 MiB stream in a few ran at 0.93-0.96 of
   // cudaMemcpyPeer for that, and sendrecv stalled for milliseconds at single sizes.
   return any || dev_.busy();

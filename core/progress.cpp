@@ -87,8 +87,9 @@ bool in_pass_of(const PassState& t, const ProgressEngine* e) {
   return std::find(t.passes.begin(), t.passes.end(), e) != t.passes.end();
 }
 
-// The first sleep after polls close together (progress.h); longer than the gap
-// net-providers/common/msg_ring.h takes for a reader that stopped polling.
+// The first sleep after polls close together where some provider has no idle
+// (progress.h); longer than the gap net-providers/common/msg_ring.h takes for a reader
+// that stopped polling.
 constexpr std::chrono::microseconds kQuietTime{200};
 // A 512 KiB round of a collective over shared segments takes a peer 40-100 us to copy here;
 // sleeping after 1600 polls (about 80 us) made a 2 MiB all_gather bimodal, 150 or 700 us.
@@ -142,7 +143,6 @@ void ProgressEngine::add_poller(std::function<bool()> poll, std::function<void()
   std::lock_guard lock(mu_);
   pollers_.push_back(std::move(poll));
   if (idle) idlers_.push_back(std::move(idle));
-  else every_poller_idles_ = false;
 }
 
 bool ProgressEngine::pass_after_idle() {
@@ -227,7 +227,8 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
     if (closed_) return done();
     auto now = Clock::now();
     // Polls close together may have told providers that this thread is polling (see
-    // progress.h): the first sleep after them is short, and the poll after it is not.
+    // progress.h): before the sleep after them they are told it stops (or, where one
+    // cannot be told, that sleep is short and the poll after it is not).
     const bool polling = now - last_poll < kQuietTime;
     last_poll = now;
     if (now >= deadline) return false;
@@ -244,7 +245,7 @@ bool ProgressEngine::wait_until(const std::function<bool()>& done, Clock::time_p
     // A waiter that was polling tells the providers it stops, where all can be told; its
     // one pass after that is the pass that finds what arrived before it sleeps. Else its
     // first sleep is short (progress.h).
-    const bool tell = polling && every_poller_idles_;
+    const bool tell = polling && idlers_.size() == pollers_.size();
     const bool quiet = polling && !tell;
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1);

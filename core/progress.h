@@ -115,8 +115,7 @@ class ProgressEngine {
   std::atomic<int> passes_[2] = {0, 0};
   std::mutex remove_mu_;
   std::vector<std::function<bool()>> pollers_;
-  std::vector<std::function<void()>> idlers_;
-  bool every_poller_idles_ = true;  // every poller came with an idle (no quiet sleep)
+  std::vector<std::function<void()>> idlers_;  // one per poller that came with an idle
   std::atomic<uint64_t> wakes_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> closed_{false};

@@ -74,12 +74,13 @@ void StreamProvider::update_rings_locked() {
   rings_ = std::move(list);
 }
 
+std::shared_ptr<const StreamProvider::RingList> StreamProvider::ring_snapshot() {
+  std::lock_guard lock(mu_);
+  return rings_;
+}
+
 int StreamProvider::progress() {
-  std::shared_ptr<const RingList> rings;
-  {
-    std::lock_guard lock(mu_);
-    rings = rings_;
-  }
+  const auto rings = ring_snapshot();
   if (!rings || rings->empty()) return HMC_PROV_OK;
   // Calls close together mean a caller is polling: stamp the rings (msg_ring.h). The
   // clock costs 20 ns on the 2-vCPU VM, a sixth of an empty poll, so a thread reads it on
@@ -101,11 +102,7 @@ int StreamProvider::progress() {
 // the caller's next read of the ring, stand seq_cst fences: the writer rings, or the read
 // finds what it wrote.
 void StreamProvider::idle() {
-  std::shared_ptr<const RingList> rings;
-  {
-    std::lock_guard lock(mu_);
-    rings = rings_;
-  }
+  const auto rings = ring_snapshot();
   last_progress_ns_.store(0, std::memory_order_relaxed);
   if (rings)
     for (const auto& c : *rings) c->ring_idle();

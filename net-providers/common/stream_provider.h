@@ -120,6 +120,7 @@ class StreamProvider {
   // The connections with a message ring, copied on change: progress reads a snapshot.
   using RingList = std::vector<std::shared_ptr<Connection>>;
   std::shared_ptr<const RingList> rings_;
+  std::shared_ptr<const RingList> ring_snapshot();  // rings_, copied under mu_
   std::atomic<int64_t> last_progress_ns_{0};
 };
 
