@@ -90,6 +90,9 @@ class Session {
   void nap(std::chrono::milliseconds limit);
   // How many times the plugin called the host's wake so far.
   uint64_t wakes();
+  // Waits until that count passes `seen` or `limit` passes; returns the count. A provider
+  // calls wake after it completed a request (net.h), so `test` may see the end first.
+  uint64_t wakes_past(uint64_t seen, std::chrono::milliseconds limit);
 
   const hmc_net_provider_t* p = nullptr;
   void* state = nullptr;

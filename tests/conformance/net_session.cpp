@@ -157,6 +157,12 @@ uint64_t Session::wakes() {
   return host_.wakes;
 }
 
+uint64_t Session::wakes_past(uint64_t seen, std::chrono::milliseconds limit) {
+  std::unique_lock lock(host_.mu);
+  host_.cv.wait_for(lock, limit, [&] { return host_.wakes > seen; });
+  return host_.wakes;
+}
+
 Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
   Outcome out;
   const auto deadline = Clock::now() + limit;
