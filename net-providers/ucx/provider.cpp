@@ -167,17 +167,20 @@ int Provider::progress() {
   const bool moved = drive(false);
   moved_last_ = moved;
   unlock_and_wake(lock);
-  if (!polling && !thread_watches_.load(std::memory_order_relaxed)) kick_thread();
+  if (!polling && !thread_watches_.load()) kick_thread();
   return moved ? 1 : HMC_PROV_OK;
 }
 
 // The host says at once what the gap before its next call would say only after kLinger:
 // the thread, which may not look again for up to kLookMax, arms the worker and wakes the
-// host for what arrives from now on.
+// host for what arrives from now on. The stamp is cleared before thread_watches_ is read,
+// and the thread stores thread_watches_ before it reads the stamp again (run()), all four
+// in one sequential order: either this call sees that the thread stopped watching and
+// kicks it, or the thread sees the cleared stamp and takes the worker over at once.
 void Provider::idle() {
   idle_.store(true, std::memory_order_relaxed);
-  host_polled_.store(0, std::memory_order_relaxed);
-  if (!thread_watches_.load(std::memory_order_relaxed)) kick_thread();
+  host_polled_.store(0);
+  if (!thread_watches_.load()) kick_thread();
 }
 
 void Provider::note_host_call() {
@@ -283,7 +286,13 @@ void Provider::run() {
     if (watch_ucx != watching_ucx) {
       if (!watch_ucx) epoll_ctl(epoll_, EPOLL_CTL_DEL, ucx_fd_, nullptr);
       else watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
-      thread_watches_.store(watch_ucx, std::memory_order_relaxed);
+      thread_watches_.store(watch_ucx);
+      // Left to a polling host: the host may have stopped polling since host_polls was
+      // read, and seen this thread still watching, so it did not kick it (idle(),
+      // progress()). Read the stamp again now that the store is visible, and take the
+      // worker over at once rather than after an unarmed sleep.
+      const auto polled = Clock::duration(host_polled_.load());
+      if (host_polls && Clock::now().time_since_epoch() - polled >= kLinger) continue;
     }
     if (!host_polls) look = kLinger;
     const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(unarmed).count()};
