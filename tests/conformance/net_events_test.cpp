@@ -57,7 +57,8 @@ uint64_t count_past(Session& s, uint64_t before) {
 
 }  // namespace
 
-TEST_CASE("net: every request's end moves the events count before test sees it", "[net][events]") {
+// net.h has the count move after an end is visible to `test`: the checks wait (count_past).
+TEST_CASE("net: every request's end moves the events count", "[net][events]") {
   for_each_plugin([](Session& s) {
     if (!has_events(s)) {
       WARN(s.p->name << " has no events count: the host tests every request in every pass");
