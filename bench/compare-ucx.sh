@@ -21,6 +21,12 @@
 #           message: the issue's reference), tag_bw -s SIZE (UCX's own two-sided
 #           bandwidth, tagged send/recv), tag_lat -s 8 and ucp_am_lat -s 8 (half a
 #           round trip; HMC's messages are UCP active messages).
+#   OMPI    Open MPI over the same UCX (pml ucx, UCX_TLS alike), bench/mpi_p2p.c built
+#           with mpicc for the run: a stream of SIZE-byte MPI_Isend/MPI_Irecv, 4 in
+#           flight, every message from and into one malloc'd buffer (as hmc-probe's
+#           default stream), and an 8 B ping-pong: what a mature library's two-sided
+#           transfers get from this UCX. Left out (columns "-") without mpicc/mpirun
+#           or with OMPI=0.
 # Both sides run the same number of messages (ITERS, default 20000 below 1 MiB,
 # ITERS_LARGE, default 1000, from 1 MiB); ucx_perftest warms up with its default
 # 10000, hmc-probe with a tenth of its count. For the latency both warm up with
@@ -33,7 +39,7 @@
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
 # table has the median of each. GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and
 # are converted). Every run has a deadline (RUN_TIMEOUT s, default 120) and is
-# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP.
+# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP, OMPI.
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,6 +72,16 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+mpi_bin=""
+if [ "${OMPI:-1}" = 0 ]; then :
+elif ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  echo "compare-ucx: no mpicc/mpirun, Open MPI left out (scripts/install-deps.sh installs it)" >&2
+elif mpicc -O2 -o "$scratch/mpi_p2p" "$src/bench/mpi_p2p.c" 2> "$scratch/mpicc"; then
+  mpi_bin="$scratch/mpi_p2p"
+else
+  echo "compare-ucx: bench/mpi_p2p.c did not build, Open MPI left out:" >&2; cat "$scratch/mpicc" >&2
+fi
 
 bytes_of() { numfmt --from=iec "$1"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -102,16 +118,25 @@ perftest() {
     echo "compare-ucx: ucx_perftest $2 failed:" >&2; cat "$scratch/cli" "$scratch/srv" >&2; return 1; }
 }
 
+# ompi TLS mpi_p2p-arguments -> its one number. Open MPI 4.1's UCX layer declines a host
+# without a network device unless told to take any (pml_ucx_tls, pml_ucx_devices).
+ompi() {
+  timeout "$run_timeout" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 --mca pml ucx \
+    --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS="$1" "$mpi_bin" "${@:2}" > "$scratch/ompi" 2>&1 &&
+    tail -n 1 "$scratch/ompi" | awk '$1 + 0 > 0 { print $1; found = 1 } END { exit !found }' || {
+    echo "compare-ucx: Open MPI's mpi_p2p ${*:2} failed:" >&2; cat "$scratch/ompi" >&2; return 1; }
+}
+
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s\n" UCX_TLS size eager \
-  "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" "s/r:tag" "HMC lat" tag_lat \
-  ratio polled ratio am_lat
+printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s %8s %6s\n" \
+  UCX_TLS size eager "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" \
+  "s/r:tag" "OMPI s/r" "o:put" "HMC lat" tag_lat ratio polled ratio am_lat "OMPI lat" ratio
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$(messages "$size")
-    for f in hb hr hp hn hl hq ub ul tb al; do : > "$scratch/$f"; done
+    for f in hb hr hp hn hl hq ub ul tb al ob ol; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat eager < <(hmc "$size" "$tls")
@@ -125,24 +150,37 @@ for tls in $tls_list; do
       # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall (MB/s = MiB/s)
       perftest "$tls" ucp_put_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
       perftest "$tls" tag_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
+      [ -z "$mpi_bin" ] || ompi "$tls" bw "$size" "$n" >> "$scratch/ob"
       if [ "$size" = "${sizes%% *}" ]; then
         read -r _ lat _ < <(hmc "$size" "$tls" --lat-poll)
         echo "$lat" >> "$scratch/hq"
         perftest "$tls" tag_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/ul"
         perftest "$tls" ucp_am_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/al"
+        [ -z "$mpi_bin" ] || ompi "$tls" lat "$lat_iters" "$warmup" >> "$scratch/ol"
       fi
     done
     hb=$(median < "$scratch/hb"); hr=$(median < "$scratch/hr"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
+    if [ -s "$scratch/ob" ]; then
+      ob=$(median < "$scratch/ob")
+      ompi_cols="$(printf "%9.3f" "$ob") $(ratio "$ob" "$ub")"
+    else
+      ompi_cols=$(printf "%9s %9s" - -)
+    fi
     if [ -s "$scratch/ul" ]; then
       hl=$(median < "$scratch/hl"); hq=$(median < "$scratch/hq"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
       lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" \
         'BEGIN { printf "%7.2f %7.2f %5.1fx %6.2f %6.1fx %7.2f", h, u, h / u, q, q / u, a }')
+      if [ -s "$scratch/ol" ]; then
+        lat_cols+=$(awk -v o="$(median < "$scratch/ol")" -v u="$ul" 'BEGIN { printf " %8.2f %5.1fx", o, o / u }')
+      else
+        lat_cols+=$(printf " %8s %6s" - -)
+      fi
     else
-      lat_cols=$(printf "%7s %7s %6s %6s %7s %7s" "" "" "" "" "" "")
+      lat_cols=$(printf "%7s %7s %6s %6s %7s %7s %8s %6s" "" "" "" "" "" "" "" "")
     fi
-    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s | %s\n" "$tls" "$size" "$eager" "$hb" \
-      "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" "$(ratio "$hn" "$ub")" \
-      "$tb" "$(ratio "$hb" "$tb")" "$lat_cols"
+    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s | %s | %s\n" "$tls" "$size" "$eager" \
+      "$hb" "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" \
+      "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$ompi_cols" "$lat_cols"
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
@@ -152,3 +190,4 @@ echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC
 echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
 echo "back to back, as ucx_perftest polls); ratios against tag_lat."
+echo "OMPI s/r, OMPI lat: Open MPI over the same UCX (pml ucx), bench/mpi_p2p.c (malloc'd buffers); o:put = OMPI s/r / put_bw."
