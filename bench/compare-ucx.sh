@@ -19,8 +19,10 @@
 #   UCX     ucx_perftest, server and client on 127.0.0.1, its own ucp_mem_map'd
 #           buffers: ucp_put_bw -s SIZE (one-way puts, no synchronisation per
 #           message: the issue's reference), tag_bw -s SIZE (UCX's own two-sided
-#           bandwidth, tagged send/recv), tag_lat -s 8 and ucp_am_lat -s 8 (half a
-#           round trip; HMC's messages are UCP active messages).
+#           bandwidth, tagged send/recv; again with -e, endpoints with peer failure
+#           handling, as HMC's: UCX then moves a tcp rendezvous as fragments the
+#           receiver copies), tag_lat -s 8 and ucp_am_lat -s 8 (half a round trip;
+#           HMC's messages are UCP active messages).
 #   OMPI    Open MPI over the same UCX (pml ucx, UCX_TLS alike), bench/mpi_p2p.c built
 #           with mpicc for the run: a stream of SIZE-byte MPI_Isend/MPI_Irecv, 4 in
 #           flight, every message from and into one malloc'd buffer (as hmc-probe's
@@ -103,10 +105,11 @@ hmc() {
 # perftest TLS TEST SIZE ITERS [ucx_perftest flags] -> the "Final:" line's fields. The port is random; one
 # still held by an earlier run (the server's bind fails) gets up to two more tries.
 perftest() {
-  local try port
+  local try port server_flags=""
+  [[ " ${*:5} " == *" -e "* ]] && server_flags=-e  # both sides must ask for error handling
   for try in 1 2 3; do
     port=$(( 20000 + RANDOM % 20000 ))
-    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest -p "$port" > "$scratch/srv" 2>&1 &
+    UCX_TLS=$1 timeout "$run_timeout" ucx_perftest -p "$port" $server_flags > "$scratch/srv" 2>&1 &
     server=$!
     sleep 0.5
     UCX_TLS=$1 timeout "$run_timeout" ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" "${@:5}" > "$scratch/cli" 2>&1 || true
@@ -128,15 +131,15 @@ ompi() {
 }
 
 echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
-printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s %8s %6s\n" \
+printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s %8s %6s\n" \
   UCX_TLS size eager "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" \
-  "s/r:tag" "OMPI s/r" "o:put" "HMC lat" tag_lat ratio polled ratio am_lat "OMPI lat" ratio
+  "s/r:tag" "tag_bw-e" "s/r:tge" "OMPI s/r" "o:put" "HMC lat" tag_lat ratio polled ratio am_lat "OMPI lat" ratio
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 for tls in $tls_list; do
   for size in $sizes; do
     b=$(bytes_of "$size")
     n=$(messages "$size")
-    for f in hb hr hp hn hl hq ub ul tb al ob ol; do : > "$scratch/$f"; done
+    for f in hb hr hp hn hl hq ub ul tb te al ob ol; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
       read -r gbps lat eager < <(hmc "$size" "$tls")
@@ -150,6 +153,8 @@ for tls in $tls_list; do
       # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall (MB/s = MiB/s)
       perftest "$tls" ucp_put_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/ub"
       perftest "$tls" tag_bw "$b" "$n" | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/tb"
+      # Over shm UCX 1.13 has no transport with peer failure handling: no -e figure ("-").
+      { perftest "$tls" tag_bw "$b" "$n" -e 2> /dev/null || true; } | awk '{ print $7 * 1048576 / 1e9 }' >> "$scratch/te"
       [ -z "$mpi_bin" ] || ompi "$tls" bw "$size" "$n" >> "$scratch/ob"
       if [ "$size" = "${sizes%% *}" ]; then
         read -r _ lat _ < <(hmc "$size" "$tls" --lat-poll)
@@ -160,6 +165,12 @@ for tls in $tls_list; do
       fi
     done
     hb=$(median < "$scratch/hb"); hr=$(median < "$scratch/hr"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
+    if [ -s "$scratch/te" ]; then
+      te=$(median < "$scratch/te")
+      tge_cols="$(printf "%9.3f" "$te") $(ratio "$hb" "$te")"
+    else
+      tge_cols=$(printf "%9s %9s" - -)
+    fi
     if [ -s "$scratch/ob" ]; then
       ob=$(median < "$scratch/ob")
       ompi_cols="$(printf "%9.3f" "$ob") $(ratio "$ob" "$ub")"
@@ -178,16 +189,18 @@ for tls in $tls_list; do
     else
       lat_cols=$(printf "%7s %7s %6s %6s %7s %7s %8s %6s" "" "" "" "" "" "" "" "")
     fi
-    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s | %s | %s\n" "$tls" "$size" "$eager" \
-      "$hb" "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" \
-      "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$ompi_cols" "$lat_cols"
+    printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s %s | %s | %s\n" "$tls" "$size" \
+      "$eager" "$hb" "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" \
+      "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$tge_cols" "$ompi_cols" "$lat_cols"
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
 echo "s/r rot: the same with --rotate (the messages in flight into 4 buffers in turn; rot:put = s/r rot / put_bw);"
 echo "HMC put: the same with --put (Communicator::put stream); put+ntf: --put --notify (each put notifies, the target waits"
 echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw, p+n:put = put+ntf / put_bw,"
-echo "s/r:tag = HMC s/r / tag_bw. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE; latency (8 B, first size): tag_lat, ucp_am_lat."
+echo "s/r:tag = HMC s/r / tag_bw, s/r:tge = HMC s/r / tag_bw-e. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE, tag_bw-e:"
+echo "tag_bw with -e (peer failure handling, as HMC's endpoints; '-' where no transport has it, as over shm);"
+echo "latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
 echo "back to back, as ucx_perftest polls); ratios against tag_lat."
 echo "OMPI s/r, OMPI lat: Open MPI over the same UCX (pml ucx), bench/mpi_p2p.c (malloc'd buffers); o:put = OMPI s/r / put_bw."
