@@ -121,16 +121,19 @@ perftest() {
     echo "compare-ucx: ucx_perftest $2 failed:" >&2; cat "$scratch/cli" "$scratch/srv" >&2; return 1; }
 }
 
-# ompi TLS mpi_p2p-arguments -> its one number. Open MPI 4.1's UCX layer declines a host
-# without a network device unless told to take any (pml_ucx_tls, pml_ucx_devices).
+# ompi TLS mpi_p2p-arguments -> its one number; the libucp it mapped goes to $scratch/ompi_ucx.
+# Open MPI 4.1's UCX layer declines a host without a network device unless told to take any
+# (pml_ucx_tls, pml_ucx_devices).
 ompi() {
   timeout "$run_timeout" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 --mca pml ucx \
     --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS="$1" "$mpi_bin" "${@:2}" > "$scratch/ompi" 2>&1 &&
-    tail -n 1 "$scratch/ompi" | awk '$1 + 0 > 0 { print $1; found = 1 } END { exit !found }' || {
+    awk '$1 + 0 > 0 && NF == 2 { print $1; print $2 > lib; found = 1 } END { exit !found }' \
+      lib="$scratch/ompi_ucx" "$scratch/ompi" || {
     echo "compare-ucx: Open MPI's mpi_p2p ${*:2} failed:" >&2; cat "$scratch/ompi" >&2; return 1; }
 }
 
-echo "compare-ucx: $(ucx_info -v | head -1 | sed 's/^# //'), $(nproc) cores, $(uname -r); median of $repeat runs"
+ucx_version=$( (ucx_info -v 2>/dev/null || true) | head -1 | sed 's/^# //')
+echo "compare-ucx: ${ucx_version:-UCX (no ucx_info to say which)}, $(nproc) cores, $(uname -r); median of $repeat runs"
 printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s | %9s %9s | %7s %7s %6s %7s %6s %7s %8s %6s\n" \
   UCX_TLS size eager "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" \
   "s/r:tag" "tag_bw-e" "s/r:tge" "OMPI s/r" "o:put" "HMC lat" tag_lat ratio polled ratio am_lat "OMPI lat" ratio
@@ -204,3 +207,7 @@ echo "latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
 echo "back to back, as ucx_perftest polls); ratios against tag_lat."
 echo "OMPI s/r, OMPI lat: Open MPI over the same UCX (pml ucx), bench/mpi_p2p.c (malloc'd buffers); o:put = OMPI s/r / put_bw."
+if [ -n "$mpi_bin" ]; then
+  echo "Open MPI: $( (mpirun --version 2>/dev/null || true) | head -n 1), its UCX: $(cat "$scratch/ompi_ucx" 2>/dev/null || echo -);" \
+    "HMC's UCX: $(readlink -f "$(ldd "$build/lib/libhmc-net-ucx.so" | awk '$1 ~ /^libucp/ { print $3 }')")"
+fi

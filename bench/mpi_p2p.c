@@ -10,7 +10,8 @@
  * 1's one-byte acknowledgement of the last message came. lat: each side posts its receive
  * before it sends (MPI_Irecv, MPI_Send, MPI_Wait), WARMUP untimed round trips first.
  * Afterwards one message of SIZE (lat: 8) bytes of known content is sent and checked;
- * a wrong byte fails the run (exit 1). */
+ * a wrong byte fails the run (exit 1). Rank 0 prints the figure, then the path of the
+ * UCX library (libucp) the process has mapped, so a run can show which UCX it measured. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,6 +67,23 @@ static void pingpong(int rank, long n) {
   }
 }
 
+/* The libucp this process mapped (Open MPI's UCX layer loads it), or "-". */
+static void ucp_path(char* out, size_t cap) {
+  snprintf(out, cap, "-");
+  FILE* maps = fopen("/proc/self/maps", "r");
+  if (!maps) return;
+  char line[4096];
+  while (fgets(line, sizeof line, maps)) {
+    const char* path = strchr(line, '/');
+    if (path && strstr(path, "/libucp.so")) {
+      snprintf(out, cap, "%s", path);
+      out[strcspn(out, "\n")] = 0;
+      break;
+    }
+  }
+  fclose(maps);
+}
+
 /* One message of known bytes from rank 0 to rank 1; rank 1 counts the wrong ones. */
 static long check(int rank, char* buf, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) buf[i] = rank == 0 ? (char)(i * 7 + 3) : (char)0xa5;
@@ -115,7 +133,11 @@ int main(int argc, char** argv) {
   MPI_Bcast(&wrong, 1, MPI_LONG, 1, MPI_COMM_WORLD);
   if (rank == 0) {
     if (wrong) fprintf(stderr, "mpi_p2p: %ld of %zu bytes arrived wrong\n", wrong, bytes);
-    else printf("%.3f\n", result);
+    else {
+      char lib[4096];
+      ucp_path(lib, sizeof lib);
+      printf("%.3f %s\n", result, lib);
+    }
   }
   free(buf);
   MPI_Finalize();

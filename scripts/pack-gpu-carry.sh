@@ -4,7 +4,7 @@
 # UCX, ibverbs ...):
 #
 #   bin/        hmc-bench, hmc-probe, hmc-gpu-ref, hmc-cuda-waits and the binaries of the GPU-labelled tests;
-#               ucx_perftest where ucx-utils is installed (bench/compare-ucx.sh --build CARRY)
+#               ucx_perftest and ucx_info where ucx-utils is installed (bench/compare-ucx.sh --build CARRY)
 #   lib/        libhmc.so and every provider (cuda and nccl included), lib/test-providers/ (emu)
 #   deps/       the Debian shared libraries those need (ldd), minus libc, CUDA and NCCL;
 #   deps/compat libstdc++ and libgcc_s, used only where the machine's own are too old
@@ -60,8 +60,10 @@ mkdir -p "$carry/bin" "$carry/lib/test-providers" "$carry/deps/compat"
 for f in hmc-bench hmc-probe hmc-gpu-ref hmc-cuda-waits "${test_bins[@]}"; do
   [ -f "$build/bin/$f" ] && cp "$build/bin/$f" "$carry/bin/"
 done
-perftest=$(command -v ucx_perftest || true)
-[ -n "$perftest" ] && cp "$perftest" "$carry/bin/"
+for tool in ucx_perftest ucx_info; do
+  path=$(command -v "$tool" || true)
+  [ -n "$path" ] && cp "$path" "$carry/bin/"
+done
 cp "$build"/lib/libhmc*.so "$carry/lib/"
 cp "$build"/lib/test-providers/*.so "$carry/lib/test-providers/" 2>/dev/null || true
 for t in "${left_out[@]}"; do rm -f "$carry/bin/$t" "$carry/lib/lib$t.so" "$carry/lib/test-providers/lib$t.so"; done
