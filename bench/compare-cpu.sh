@@ -91,7 +91,7 @@ fi
 mpi_bin="$build/bench-cpu/mpi_bench" gloo_bin="$build/bench-cpu/gloo_bench"
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   have_mpi=0; note "no mpicc/mpirun: run scripts/install-deps.sh (libopenmpi-dev openmpi-bin)"
-elif [ ! -x "$mpi_bin" ] || [ "$src/bench/mpi_bench.c" -nt "$mpi_bin" ]; then
+elif [ ! -x "$mpi_bin" ] || [ "$src/bench/mpi_bench.c" -nt "$mpi_bin" ] || [ "$src/bench/size_arg.h" -nt "$mpi_bin" ]; then
   mpicc -O2 -o "$mpi_bin" "$src/bench/mpi_bench.c" || { have_mpi=0; note "mpi_bench did not build"; }
 fi
 if [ ! -f /usr/include/gloo/allreduce.h ]; then

@@ -13,21 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_size(const char* text, size_t* out) {
-  char* end = NULL;
-  double v = strtod(text, &end);
-  if (end == text || v <= 0) return 0;
-  double mul = 1;
-  switch (*end) {
-    case 'k': case 'K': mul = 1024.0; ++end; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; ++end; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; ++end; break;
-    default: break;
-  }
-  if (*end) return 0;
-  *out = (size_t)(v * mul);
-  return 1;
-}
+#include "size_arg.h"
 
 /* Inputs: rank r's element i; all_reduce sums small integers, exact in float. */
 static float reduce_in(int r, size_t i) { return (float)((i * 31 + (size_t)r * 17) % 3); }

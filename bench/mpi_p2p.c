@@ -18,23 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { kWindow = 4, kDataTag = 11, kAckTag = 12, kCheckTag = 13 };
+#include "size_arg.h"
 
-static int parse_size(const char* text, size_t* out) {
-  char* end = NULL;
-  double v = strtod(text, &end);
-  if (end == text || v <= 0) return 0;
-  double mul = 1;
-  switch (*end) {
-    case 'k': case 'K': mul = 1024.0; ++end; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; ++end; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; ++end; break;
-    default: break;
-  }
-  if (*end || v * mul > 1024.0 * 1024 * 1024) return 0;
-  *out = (size_t)(v * mul);
-  return 1;
-}
+enum { kWindow = 4, kDataTag = 11, kAckTag = 12, kCheckTag = 13 };
 
 /* n messages of `bytes`, kWindow in flight; the receiver acknowledges the last. */
 static void stream(int rank, char* buf, size_t bytes, long n) {
