@@ -127,7 +127,7 @@ perftest() {
 ompi() {
   timeout "$run_timeout" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 --mca pml ucx \
     --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS="$1" "$mpi_bin" "${@:2}" > "$scratch/ompi" 2>&1 &&
-    awk '$1 + 0 > 0 && NF == 2 { print $1; print $2 > lib; found = 1 } END { exit !found }' \
+    awk '$1 + 0 > 0 && NF >= 2 { print $1; sub(/^[^ ]+ /, ""); print > lib; found = 1 } END { exit !found }' \
       lib="$scratch/ompi_ucx" "$scratch/ompi" || {
     echo "compare-ucx: Open MPI's mpi_p2p ${*:2} failed:" >&2; cat "$scratch/ompi" >&2; return 1; }
 }

@@ -1,5 +1,5 @@
 /* The Open MPI side of bench/compare-ucx.sh: point-to-point between two ranks, measured
- * the way hmc-probe measures a pair, printed on rank 0 as one number.
+ * the way hmc-probe measures a pair, printed on rank 0 (the figure, then the libucp).
  *
  *   mpirun -np 2 mpi_p2p bw SIZE N     one-way stream of N SIZE-byte messages, GB/s (1e9 B/s)
  *   mpirun -np 2 mpi_p2p lat N WARMUP  8-byte ping-pong, half a round trip in us
