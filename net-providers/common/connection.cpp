@@ -1,6 +1,7 @@
 // Connection setup, the caller-thread entry points and failure handling.
 #include "common/connection.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -331,6 +332,11 @@ void Connection::flush_wake() {
   if (!wake_due_) return;
   wake_due_ = false;
   owner_.host().wake();
+}
+
+bool Connection::peer_hung_up() {
+  pollfd p{socket_.native_handle(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 void Connection::close(int code, const std::string& why) {

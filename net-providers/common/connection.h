@@ -121,6 +121,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // io thread: fail everything pending with `code` and close the socket.
   void close(int code, const std::string& why);
 
+  // The peer closed its end of the socket (or the socket failed), whether or not bytes it
+  // sent before are still unread here. Any thread where the socket cannot be closed
+  // meanwhile: the io thread, or a caller inside a direct put (close() waits for it).
+  bool peer_hung_up();
+
   // Peer details, set by the provider's on_open hook (io thread).
   Socket& socket() { return socket_; }
   const std::string& peer() const { return peer_; }

@@ -299,6 +299,13 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
       desc.check != hmc_net::desc_check(desc)) {
     if (auto* maps = static_cast<PeerMappings*>(conn.transport_state()))
       maps->forget(region, put.rkey.key);
+    // A peer that tears down closes its connections before it releases its regions
+    // (abort, finalize): a region gone from a peer that hung up is the peer gone, not a
+    // stale key, even where this side has not read the end of the socket yet.
+    if (conn.peer_hung_up()) {
+      why = "peer lost: " + conn.peer() + " closed the connection during a put to it";
+      return HMC_PROV_ERR_PEER_LOST;
+    }
     why = "put refused: region " + std::to_string(region) + " is not registered at " + conn.peer() +
           " (stale or forged remote key)";
     return HMC_PROV_ERR_OUT_OF_BOUNDS;

@@ -142,7 +142,9 @@ typedef struct hmc_net_provider {
   int (*pack_rkey)(void* state, void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
   /* Write `len` bytes from `src` to offset `offset` of the peer region `rkey`
    * names. `local_mr` may be NULL when the provider needs no source
-   * registration. Fails with HMC_PROV_ERR_OUT_OF_BOUNDS past the region. */
+   * registration. Fails with HMC_PROV_ERR_OUT_OF_BOUNDS past the region, and with
+   * HMC_PROV_ERR_PEER_LOST where the peer closed the connection, even if its region is
+   * gone too (a host closes its connections before it releases its regions). */
   int (*put)(void* state, void* conn, const void* src, size_t len, void* local_mr,
              const void* rkey, size_t rkey_len, uint64_t offset, void** req);
 
