@@ -218,9 +218,11 @@ TEST_CASE("net: a put racing the target's deregistration does not land", "[net][
 // (test_collectives.cpp, "a lost peer fails the collective on the survivors"). The put
 // shows the difference only where it runs before the initiator has read the close: with
 // shm that was 3 of 400 tries in one run on the 2-vCPU VM and none in three others, so
-// this catches a regression there only now and then; the rounds raise the odds.
+// this catches a regression there only now and then; the rounds raise the odds. Tagged
+// [revoked] as the case above: a provider forced to write where UCX is told
+// (HMC_UCX_PUT=rma) may land such a put, and those runs leave both out.
 TEST_CASE("net: a put into a region released after its owner closed the connection fails as peer lost",
-          "[net][put][peer]") {
+          "[net][put][peer][revoked]") {
   for_each_put_pair([](Session& s, Session& t, Link&) {
     const auto data = random_bytes(1 << 20, 404);
     for (int round = 0; round < 200; ++round) {
