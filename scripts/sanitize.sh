@@ -25,4 +25,6 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:die_
 if [[ $sanitize == *thread* ]]; then export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-none}; fi
 cd "$build"
 # Label "timing": cases whose time bounds are calibrated on an uninstrumented build.
-ctest --output-on-failure --timeout 900 -LE timing "$@"
+# Label "bench": benchmark scripts checked for their columns; their programs (ucx_perftest,
+# Open MPI) are not instrumented and the plain run covers them.
+ctest --output-on-failure --timeout 900 -LE "timing|bench" "$@"

@@ -166,6 +166,14 @@ std::vector<uint8_t> random_bytes(std::size_t n, uint64_t seed) {
   return v;
 }
 
+__attribute__((no_sanitize("thread"))) bool landed(const void* live, const void* want, std::size_t n) {
+  const volatile auto* a = static_cast<const volatile uint8_t*>(live);
+  const auto* b = static_cast<const uint8_t*>(want);
+  for (std::size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 std::vector<std::string> available_net_providers() {
   // Asked in a child: a vendor runtime a device provider initialises (CUDA) would not
   // survive into the ranks this process forks later. One name per line on a pipe.

@@ -47,6 +47,11 @@ std::string describe(const std::vector<RankExit>& exits);
 // Deterministic random bytes for a (seed, rank, size) triple.
 std::vector<uint8_t> random_bytes(std::size_t n, uint64_t seed);
 
+// Whether `live` holds `want`'s n bytes yet, for a test that waits for a transfer in flight
+// to land: a provider's thread may be writing `live` as this reads it, so the reads are kept
+// out of ThreadSanitizer's sight. Not a check of the data: check again once the request ended.
+bool landed(const void* live, const void* want, std::size_t n);
+
 // The net providers a default Context finds available, for parameterising tests.
 std::vector<std::string> available_net_providers();
 
