@@ -2,6 +2,7 @@
 // one host, host staging where IPC cannot work (ranks that look like two hosts), device
 // to plain and to shareable host memory, eager and rendezvous sizes, unexpected messages.
 // Every byte is checked after a round trip through Context::copy.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -279,38 +280,52 @@ TEST_CASE("a failed chunk copy fails the staged transfer, not the communicator",
 // done, so a waiter behind an IPC copy must keep polling its event rather than sleep.
 // The emulator behaves so with HMC_EMU_STREAM_WAKE=0. Each 1 MiB send is an IPC copy and
 // an event record on a stream whose every operation waits 2 ms first: 4 ms of stream work.
-// Measured on 2 cores: 4.15-4.24 ms per send (median 4.21); with waiters that counted a
-// running copy as idle (yields, kQuietTime, then 1 ms sleeps) 4.64-4.76 (median 4.71).
-// The third-fastest send must take under 4.45 ms (load only makes sends slower: with a
-// multi-process test beside it the median reached 5 ms, the third-fastest stayed at 4.2);
-// this case runs alone (tests/device/CMakeLists.txt).
+// The third-fastest of 16 sends, on 2 cores: 4.15-4.24 ms one day, 4.41-4.59 another
+// (with the emulator's wake on as well: the machine, not the wait); waiters that counted a
+// running copy as idle (yields, kQuietTime, then 1 ms sleeps) took 4.64-4.76 and 4.64-4.68
+// on those days (4.52-4.68 in rounds of 3 on the slower one). Load only makes sends
+// slower, so the best of 3 rounds must be under 4.55 ms. On the slower day that passed 10
+// times in 10 and failed such waiters 5 times in 6 (the bound of before, 4.45 in 1 round,
+// failed the right waiter 2-3 times in 10). This case runs alone (tests/device/CMakeLists.txt).
 TEST_CASE("a waiter behind a device copy sees it end without a wake", "[device][p2p][timing]") {
   if (device_under_test() != "emu") {
     WARN("needs the emulated device: skipped");
     return;
   }
-  std::map<std::string, std::string> s{{"HMC_EMU_STREAM_DELAY_US", "2000"}, {"HMC_EMU_STREAM_WAKE", "0"}};
-  auto exits = run_ranks(2, s, [](RankEnv& e) {
-    const std::size_t n = 1 << 20;
-    auto b = buffer(e.ctx, e.rank, Side::kDevice, n);
-    HMC_EXPECT(b.ok(), b.status().to_string());
-    std::vector<int64_t> took;
-    for (int i = 0; i < 16; ++i) {
-      if (e.rank == 1) {
-        HMC_EXPECT_OK(e.comm.recv(b->ptr(), n, 0, 9));
-        continue;
+  auto* best = static_cast<int64_t*>(
+      mmap(nullptr, sizeof(int64_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(best != MAP_FAILED);
+  *best = INT64_MAX;
+  std::string rounds;
+  for (int round = 0; round < 3 && *best >= 4550; ++round) {
+    std::map<std::string, std::string> s{{"HMC_EMU_STREAM_DELAY_US", "2000"}, {"HMC_EMU_STREAM_WAKE", "0"}};
+    auto exits = run_ranks(2, s, [best](RankEnv& e) {
+      const std::size_t n = 1 << 20;
+      auto b = buffer(e.ctx, e.rank, Side::kDevice, n);
+      HMC_EXPECT(b.ok(), b.status().to_string());
+      std::vector<int64_t> took;
+      for (int i = 0; i < 16; ++i) {
+        if (e.rank == 1) {
+          HMC_EXPECT_OK(e.comm.recv(b->ptr(), n, 0, 9));
+          continue;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        HMC_EXPECT_OK(e.comm.send(b->ptr(), n, 1, 9));
+        took.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      HMC_EXPECT_OK(e.comm.send(b->ptr(), n, 1, 9));
-      took.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
-    }
-    if (e.rank == 1) return 0;
-    std::sort(took.begin(), took.end());
-    std::string all;
-    for (int64_t t : took) all += " " + std::to_string(t);
-    HMC_EXPECT(took[2] < 4450, "us per send (4000 of stream work):" + all);
-    return 0;
-  }, kWait);
-  INFO(describe(exits));
-  REQUIRE(all_ok(exits));
+      if (e.rank == 0) {
+        std::sort(took.begin(), took.end());
+        std::string all;
+        for (int64_t t : took) all += " " + std::to_string(t);
+        std::fprintf(stderr, "[rank 0] us per send (4000 of stream work):%s\n", all.c_str());
+        *best = std::min(*best, took[2]);
+      }
+      return 0;
+    }, kWait);
+    INFO(describe(exits));
+    REQUIRE(all_ok(exits));
+  }
+  const int64_t third = *best;
+  munmap(best, sizeof(int64_t));
+  REQUIRE(third < 4550);
 }
