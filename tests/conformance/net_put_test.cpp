@@ -239,7 +239,7 @@ TEST_CASE("net: a put into a region released after its owner closed the connecti
         REQUIRE_FALSE(o.timed_out);
         REQUIRE(o.rc == HMC_PROV_ERR_PEER_LOST);
         REQUIRE(untouched(r));
-        s.p->close_conn(s.state, link.a);
+        REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);
       }
     }
   });
