@@ -39,9 +39,11 @@
 # HMC's buffers come from Context::alloc; with ucx the only net provider they
 # come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
-# table has the median of each. GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and
-# are converted). Every run has a deadline (RUN_TIMEOUT s, default 120) and is
-# reaped. Environment: REPEAT, ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP, OMPI.
+# table has the median of each. The 8 B latencies of a round run back to back, and a
+# latency ratio is the median of the rounds' ratios (each round's figures follow the
+# table). GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and are converted). Every
+# run has a deadline (RUN_TIMEOUT s, default 120) and is reaped. Environment: REPEAT,
+# ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP, OMPI.
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -138,6 +140,9 @@ printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s |
   UCX_TLS size eager "HMC s/r" "s/r rot" "HMC put" "put+ntf" "put_bw" "s/r:put" "rot:put" "put:put" "p+n:put" "tag_bw" \
   "s/r:tag" "tag_bw-e" "s/r:tge" "OMPI s/r" "o:put" "HMC lat" tag_lat ratio polled ratio am_lat "OMPI lat" ratio
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
+# round_ratio A B -> the median over the rounds of A's figure over B's (files in $scratch)
+round_ratio() { paste -d' ' "$scratch/$1" "$scratch/$2" | awk '{ print $1 / $2 }' | median; }
+rounds=""
 for tls in $tls_list; do
   with_e=1  # tag_bw -e until UCX refuses it for this UCX_TLS (over shm: no transport handles peer failure)
   for size in $sizes; do
@@ -146,8 +151,8 @@ for tls in $tls_list; do
     for f in hb hr hp hn hl hq ub ul tb te al ob ol; do : > "$scratch/$f"; done
     eager=""
     for ((i = 0; i < repeat; i++)); do
-      read -r gbps lat eager < <(hmc "$size" "$tls")
-      echo "$gbps" >> "$scratch/hb"; echo "$lat" >> "$scratch/hl"
+      read -r gbps _ eager < <(hmc "$size" "$tls")
+      echo "$gbps" >> "$scratch/hb"
       read -r gbps _ _ < <(hmc "$size" "$tls" --rotate)
       echo "$gbps" >> "$scratch/hr"
       read -r gbps _ _ < <(hmc "$size" "$tls" --put)
@@ -165,6 +170,9 @@ for tls in $tls_list; do
       fi
       [ -z "$mpi_bin" ] || ompi "$tls" bw "$size" "$n" >> "$scratch/ob"
       if [ "$size" = "${sizes%% *}" ]; then
+        # The latencies back to back, so that each round's ratios compare like with like.
+        read -r _ lat _ < <(hmc "$size" "$tls")
+        echo "$lat" >> "$scratch/hl"
         read -r _ lat _ < <(hmc "$size" "$tls" --lat-poll)
         echo "$lat" >> "$scratch/hq"
         perftest "$tls" tag_lat 8 "$lat_iters" -w "$warmup" | awk '{ print $4 }' >> "$scratch/ul"
@@ -187,13 +195,15 @@ for tls in $tls_list; do
     fi
     if [ -s "$scratch/ul" ]; then
       hl=$(median < "$scratch/hl"); hq=$(median < "$scratch/hq"); ul=$(median < "$scratch/ul"); al=$(median < "$scratch/al")
-      lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" \
-        'BEGIN { printf "%7.2f %7.2f %5.1fx %6.2f %6.1fx %7.2f", h, u, h / u, q, q / u, a }')
+      lat_cols=$(awk -v h="$hl" -v q="$hq" -v u="$ul" -v a="$al" -v rh="$(round_ratio hl ul)" -v rq="$(round_ratio hq ul)" \
+        'BEGIN { printf "%7.2f %7.2f %5.1fx %6.2f %6.1fx %7.2f", h, u, rh, q, rq, a }')
       if [ -s "$scratch/ol" ]; then
-        lat_cols+=$(awk -v o="$(median < "$scratch/ol")" -v u="$ul" 'BEGIN { printf " %8.2f %5.1fx", o, o / u }')
+        lat_cols+=$(awk -v o="$(median < "$scratch/ol")" -v r="$(round_ratio ol ul)" 'BEGIN { printf " %8.2f %5.1fx", o, r }')
       else
         lat_cols+=$(printf " %8s %6s" - -)
       fi
+      rounds+="8 B over $tls, each round (us): HMC waited $(paste -sd' ' "$scratch/hl"); polled $(paste -sd' ' "$scratch/hq");"
+      rounds+=" tag_lat $(paste -sd' ' "$scratch/ul"); OMPI $( [ -s "$scratch/ol" ] && paste -sd' ' "$scratch/ol" || echo -)"$'\n'
     else
       lat_cols=$(printf "%7s %7s %6s %6s %7s %7s %8s %6s" "" "" "" "" "" "" "" "")
     fi
@@ -210,8 +220,11 @@ echo "s/r:tag = HMC s/r / tag_bw, s/r:tge = HMC s/r / tag_bw-e. UCX: ucx_perftes
 echo "tag_bw with -e (peer failure handling, as HMC's endpoints; '-' where no transport has it, as over shm);"
 echo "latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"
-echo "back to back, as ucx_perftest polls); ratios against tag_lat."
+echo "back to back, as ucx_perftest polls); ratios against tag_lat: the median of each round's ratio, the latencies of a round"
+echo "measured back to back (on a VM the time between the two ranks' CPUs can change from one minute to the next:"
+echo "tag_lat 0.1 or 0.5 us on one 2-vCPU VM)."
 echo "OMPI s/r, OMPI lat: Open MPI over the same UCX (pml ucx), bench/mpi_p2p.c (malloc'd buffers); o:put = OMPI s/r / put_bw."
+printf "%s" "$rounds"
 if [ -n "$mpi_bin" ]; then
   echo "Open MPI: $( (mpirun --version 2>/dev/null || true) | head -n 1), its UCX: $(cat "$scratch/ompi_ucx" 2>/dev/null || echo -);" \
     "HMC's UCX: $(readlink -f "$(ldd "$build/lib/libhmc-net-ucx.so" | awk '$1 ~ /^libucp/ { print $3 }')")"
