@@ -4,7 +4,8 @@
 # the script's own business, docs/performance.md); what is checked is that HMC, ucx_perftest
 # (tag_bw -e too over tcp; "-" over shm, where no UCX 1.13 transport handles peer failure)
 # and, where mpicc/mpirun are installed, Open MPI (bench/mpi_p2p.c, which checks one
-# message's bytes itself) all ran and were read.
+# message's bytes itself) all ran and were read, and that each transport's line of the
+# rounds' 8 B latencies follows the table.
 set -u
 build=${1:?usage: compare_test.sh path/to/build}
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,6 +33,8 @@ awk -F'|' -v ompi=$ompi '
     if (k[1] == "tcp" ? !pos(t[3]) : t[3] != "-") { print "FAILED: " k[1] "'"'"'s tag_bw-e reads \"" t[3] "\""; bad = 1 }
     if (ompi ? !pos(o[1]) : o[1] != "-") { print "FAILED: the " k[1] " 64K Open MPI column reads \"" o[1] "\""; bad = 1 }
   }
+  # Each round'\''s latencies, printed after the table: HMC'\''s and tag_lat'\''s read for each transport.
+  /^8 B over (shm|tcp), each round \(us\): HMC waited [0-9.]+; polled [0-9.]+; tag_lat [0-9.]+; OMPI / { ++round_lines }
   k[2] == "8" {
     split($6, l, " ")
     ++lats
@@ -40,6 +43,7 @@ awk -F'|' -v ompi=$ompi '
   }
   END {
     if (rows != 2 || lats != 2) { print "FAILED: not one 64K and one 8 row for each of shm and tcp"; bad = 1 }
+    if (round_lines != 2) { print "FAILED: not one line of each round'\''s latencies for each of shm and tcp"; bad = 1 }
     if (!bad) print "ok: every column filled" (ompi ? ", Open MPI included" : " (no Open MPI here)")
     exit bad
   }' "$scratch/out"
