@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,12 +39,24 @@ std::vector<std::string> plugin_paths();
 std::string file_provider_name(const std::string& path);
 Config env_config();  // every HMC_* variable but the kit's own
 
-// Host services lent to the plugin.
+// Host services lent to the plugin. A wake costs what libhmc's costs (core/progress.cpp):
+// a count, and the condition variable only while someone sleeps on it. A sleeper counts
+// itself in `sleepers` before it checks `wakes` under `mu`; a waker moves `wakes` before it
+// reads `sleepers` (both sequentially consistent), so one of them sees the other.
 struct TestHost {
   Config config;
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t wakes = 0;
+  std::atomic<uint64_t> wakes{0};
+  std::atomic<int> sleepers{0};
+  // Sleeps until `wakes` passes `pred` or `limit` passes.
+  template <class Pred>
+  void sleep(std::chrono::milliseconds limit, Pred pred) {
+    std::unique_lock lock(mu);
+    sleepers.fetch_add(1);
+    cv.wait_for(lock, limit, [&] { return pred(wakes.load()); });
+    sleepers.fetch_sub(1);
+  }
 };
 
 // What test() said about a request.
