@@ -49,7 +49,7 @@ struct TestHost {
   std::condition_variable cv;
   std::atomic<uint64_t> wakes{0};
   std::atomic<int> sleepers{0};
-  // Sleeps until `wakes` passes `pred` or `limit` passes.
+  // Sleeps until pred(wakes) holds or `limit` passes.
   template <class Pred>
   void sleep(std::chrono::milliseconds limit, Pred pred) {
     std::unique_lock lock(mu);
