@@ -39,9 +39,10 @@
 # HMC's buffers come from Context::alloc; with ucx the only net provider they
 # come from its mem_alloc (ucp_mem_map ALLOCATE), as ucx_perftest's do.
 # Each measurement runs REPEAT times (default 5), the programs taking turns; the
-# table has the median of each. The 8 B latencies of a round run back to back, and a
-# latency ratio is the median of the rounds' ratios (each round's figures follow the
-# table). GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and are converted). Every
+# table has the median of each. A round's programs run back to back, and every ratio is
+# the median of the rounds' ratios, so that a VM whose speed changes from one minute to
+# the next does not set one round's figure over another's (each round's figures follow
+# the table). GB/s = 1e9 B/s (ucx_perftest's MB/s are MiB/s and are converted). Every
 # run has a deadline (RUN_TIMEOUT s, default 120) and is reaped. Environment: REPEAT,
 # ITERS, ITERS_LARGE, LAT_ITERS (default 20000), WARMUP, OMPI.
 set -euo pipefail
@@ -142,6 +143,14 @@ printf "%-5s %6s %5s | %9s %9s %9s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s |
 ratio() { awk -v h="$1" -v u="$2" 'BEGIN { printf "%8.0f%%", 100 * h / u }'; }
 # round_ratio A B -> the median over the rounds of A's figure over B's (files in $scratch)
 round_ratio() { paste -d' ' "$scratch/$1" "$scratch/$2" | awk '{ print $1 / $2 }' | median; }
+# each A -> the rounds' figures of A on one line, about three significant digits, no exponents
+each() { awk '{ printf "%s" ($1 >= 100 ? "%.0f" : $1 >= 0.01 ? "%.3g" : "%.5f"), (NR > 1 ? " " : ""), $1 }' "$scratch/$1"; }
+# round_pct A B -> round_ratio as a percentage; the medians' ratio where B lacks rounds (a
+# tag_bw -e that UCX refused after the first round)
+round_pct() {
+  if [ "$(wc -l < "$scratch/$1")" = "$(wc -l < "$scratch/$2")" ]; then ratio "$(round_ratio "$1" "$2")" 1
+  else ratio "$(median < "$scratch/$1")" "$(median < "$scratch/$2")"; fi
+}
 rounds=""
 for tls in $tls_list; do
   with_e=1  # tag_bw -e until UCX refuses it for this UCX_TLS (over shm: no transport handles peer failure)
@@ -183,13 +192,13 @@ for tls in $tls_list; do
     hb=$(median < "$scratch/hb"); hr=$(median < "$scratch/hr"); hp=$(median < "$scratch/hp"); hn=$(median < "$scratch/hn"); ub=$(median < "$scratch/ub"); tb=$(median < "$scratch/tb")
     if [ -s "$scratch/te" ]; then
       te=$(median < "$scratch/te")
-      tge_cols="$(printf "%9.3f" "$te") $(ratio "$hb" "$te")"
+      tge_cols="$(printf "%9.3f" "$te") $(round_pct hb te)"
     else
       tge_cols=$(printf "%9s %9s" - -)
     fi
     if [ -s "$scratch/ob" ]; then
       ob=$(median < "$scratch/ob")
-      ompi_cols="$(printf "%9.3f" "$ob") $(ratio "$ob" "$ub")"
+      ompi_cols="$(printf "%9.3f" "$ob") $(round_pct ob ub)"
     else
       ompi_cols=$(printf "%9s %9s" - -)
     fi
@@ -208,15 +217,18 @@ for tls in $tls_list; do
       lat_cols=$(printf "%7s %7s %6s %6s %7s %7s %8s %6s" "" "" "" "" "" "" "" "")
     fi
     printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s %s | %s | %s\n" "$tls" "$size" \
-      "$eager" "$hb" "$hr" "$hp" "$hn" "$ub" "$(ratio "$hb" "$ub")" "$(ratio "$hr" "$ub")" "$(ratio "$hp" "$ub")" \
-      "$(ratio "$hn" "$ub")" "$tb" "$(ratio "$hb" "$tb")" "$tge_cols" "$ompi_cols" "$lat_cols"
+      "$eager" "$hb" "$hr" "$hp" "$hn" "$ub" "$(round_pct hb ub)" "$(round_pct hr ub)" "$(round_pct hp ub)" \
+      "$(round_pct hn ub)" "$tb" "$(round_pct hb tb)" "$tge_cols" "$ompi_cols" "$lat_cols"
+    label=$size; [[ $size =~ ^[0-9]+$ ]] && label="$size B"
+    rounds+="$label over $tls, each round (GB/s): HMC s/r $(each hb); put $(each hp); put_bw $(each ub); tag_bw $(each tb)"$'\n'
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
 echo "s/r rot: the same with --rotate (the messages in flight into 4 buffers in turn; rot:put = s/r rot / put_bw);"
 echo "HMC put: the same with --put (Communicator::put stream); put+ntf: --put --notify (each put notifies, the target waits"
 echo "for every notification); ratios: s/r:put = HMC s/r / put_bw, put:put = HMC put / put_bw, p+n:put = put+ntf / put_bw,"
-echo "s/r:tag = HMC s/r / tag_bw, s/r:tge = HMC s/r / tag_bw-e. UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE, tag_bw-e:"
+echo "s/r:tag = HMC s/r / tag_bw, s/r:tge = HMC s/r / tag_bw-e, each the median of the rounds' ratios (a round's figures"
+echo "follow the table). UCX: ucx_perftest -t ucp_put_bw / tag_bw -s SIZE, tag_bw-e:"
 echo "tag_bw with -e (peer failure handling, as HMC's endpoints; '-' where no transport has it, as over shm);"
 echo "latency (8 B, first size): tag_lat, ucp_am_lat."
 echo "HMC lat: hmc-probe's half round trip with Request::wait (yields between polls); polled: with --lat-poll (Request::test"

@@ -5,7 +5,7 @@
 # (tag_bw -e too over tcp; "-" over shm, where no UCX 1.13 transport handles peer failure)
 # and, where mpicc/mpirun are installed, Open MPI (bench/mpi_p2p.c, which checks one
 # message's bytes itself) all ran and were read, and that each transport's line of the
-# rounds' 8 B latencies follows the table.
+# rounds' 8 B latencies and 64 KiB figures follows the table.
 set -u
 build=${1:?usage: compare_test.sh path/to/build}
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -35,6 +35,8 @@ awk -F'|' -v ompi=$ompi '
   }
   # Each round'\''s latencies, printed after the table: HMC'\''s and tag_lat'\''s read for each transport.
   /^8 B over (shm|tcp), each round \(us\): HMC waited [0-9.]+; polled [0-9.]+; tag_lat [0-9.]+; OMPI / { ++round_lines }
+  # and each round'\''s 64 KiB figures, which the table'\''s ratios come from.
+  /^64K over (shm|tcp), each round \(GB\/s\): HMC s\/r [0-9.]+; put [0-9.]+; put_bw [0-9.]+; tag_bw [0-9.]+$/ { ++bw_lines }
   k[2] == "8" {
     split($6, l, " ")
     ++lats
@@ -44,6 +46,7 @@ awk -F'|' -v ompi=$ompi '
   END {
     if (rows != 2 || lats != 2) { print "FAILED: not one 64K and one 8 row for each of shm and tcp"; bad = 1 }
     if (round_lines != 2) { print "FAILED: not one line of each round'\''s latencies for each of shm and tcp"; bad = 1 }
+    if (bw_lines != 2) { print "FAILED: not one line of each round'\''s 64K figures for each of shm and tcp"; bad = 1 }
     if (!bad) print "ok: every column filled" (ompi ? ", Open MPI included" : " (no Open MPI here)")
     exit bad
   }' "$scratch/out"
