@@ -219,8 +219,9 @@ for tls in $tls_list; do
     printf "%-5s %6s %5s | %9.3f %9.3f %9.3f %9.3f | %9.3f %s %s %s %s | %9.3f %s %s | %s | %s\n" "$tls" "$size" \
       "$eager" "$hb" "$hr" "$hp" "$hn" "$ub" "$(round_pct hb ub)" "$(round_pct hr ub)" "$(round_pct hp ub)" \
       "$(round_pct hn ub)" "$tb" "$(round_pct hb tb)" "$tge_cols" "$ompi_cols" "$lat_cols"
-    label=$size; [[ $size =~ ^[0-9]+$ ]] && label="$size B"
-    rounds+="$label over $tls, each round (GB/s): HMC s/r $(each hb); put $(each hp); put_bw $(each ub); tag_bw $(each tb)"$'\n'
+    # (below 1 KiB hmc-probe's two decimals of GB/s say little: no line)
+    [ "$b" -lt 1024 ] ||
+      rounds+="$size over $tls, each round (GB/s): HMC s/r $(each hb); put $(each hp); put_bw $(each ub); tag_bw $(each tb)"$'\n'
   done
 done
 echo "HMC s/r: hmc-probe --local 2 -b SIZE over ucx, send/recv (eager up to the pair's eager limit, then rendezvous: by get, put or split, per the pair's bands in hmc-probe's matrix);"
