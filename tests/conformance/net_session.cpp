@@ -161,7 +161,8 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
   Outcome out;
   const auto deadline = Clock::now() + limit;
   char message[512];
-  for (int round = 0;; ++round) {
+  // 64 bits: a busy poll of 60 s at tens of ns a round passes 2^31 rounds.
+  for (uint64_t round = 0;; ++round) {
     // The wake count from before the test: a wake after it cuts the sleep short. A busy
     // poll never sleeps, and reads the clock every 256th round: it stands for a host's
     // tightest loop (hmc-conformance-net-bw ... spin), so it costs what such a loop costs.
@@ -180,7 +181,7 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
     }
     p->progress(state);
     if (spins == kBusyPoll) continue;
-    if (round < spins) {
+    if (spins > 0 && round < static_cast<uint64_t>(spins)) {
       std::this_thread::yield();
       continue;
     }
