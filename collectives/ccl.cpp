@@ -411,9 +411,7 @@ bool ccl_kind(CollKind kind) {
 std::optional<Request> try_delegate(Communicator& comm, CommState& st, const CclWork& w, const CollOptions& opt) {
   core::ContextImpl& ctx = comm.impl().context();
   const std::string& mode = st.settings.ccl;
-  if (mode == "off") return std::nullopt;
-  if (mode != "auto")
-    return failed_request({ErrorCode::kInvalidArgument, "malformed HMC_CCL='" + mode + "': expected 'auto' or 'off'"});
+  if (mode == "off") return std::nullopt;  // else "auto": Config allows no other value
   // A named algorithm or an argument check asks for HMC's own schedule.
   if (!ccl_kind(w.kind) || comm.size() < 2 || !opt.algorithm.empty() || st.settings.algo_set ||
       opt.check.value_or(st.settings.check))

@@ -56,8 +56,7 @@ Status CommImpl::setup(const UniqueId& id) {
   eager_window_ = ctx_.config().size("HMC_EAGER_WINDOW");
   credit_wait_ = ctx_.config().duration("HMC_CREDIT_WAIT");
   const std::string rndv = ctx_.config().str("HMC_RNDV");
-  if (rndv != "auto" && rndv != "put" && rndv != "get" && rndv != "split")
-    return {ErrorCode::kInvalidArgument, "malformed HMC_RNDV='" + rndv + "': expected 'auto', 'put', 'get' or 'split'"};
+  // one of the four: Config checks it (core_params' choices)
   rndv_ = rndv == "put" ? Rndv::kPut : rndv == "get" ? Rndv::kGet : rndv == "split" ? Rndv::kSplit : Rndv::kAuto;
   split_min_ = ctx_.config().size("HMC_RNDV_SPLIT");
   turns_min_ = ctx_.config().size("HMC_RNDV_TURNS");

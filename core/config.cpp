@@ -52,6 +52,12 @@ Status validate(const ParamDef& def, const std::string& value) {
     case ParamType::kDuration: good = parse_duration(value).has_value(); break;
     default: break;
   }
+  if (!def.choices.empty() && std::find(def.choices.begin(), def.choices.end(), value) == def.choices.end()) {
+    std::string expected;
+    for (std::size_t i = 0; i < def.choices.size(); ++i)
+      expected += (i == 0 ? "'" : i + 1 == def.choices.size() ? " or '" : ", '") + def.choices[i] + "'";
+    return {ErrorCode::kInvalidArgument, "malformed " + def.name + "='" + value + "': expected " + expected};
+  }
   if (good) return {};
   return {ErrorCode::kInvalidArgument,
           "malformed " + def.name + "='" + value + "': expected a " + type_name(def.type)};
@@ -114,14 +120,14 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'tree', 'pairwise', or per collective 'all_reduce=ring,all_gather=rd'"},
       {"HMC_HOST_REGISTER", ParamType::kSize, "1M", "host memory a device copies this much or more of at once (an HMC allocation, a peer's buffer imported for IPC) is registered (page-locked) with that device's provider for pinned copy speed; 0: never"},
-      {"HMC_RNDV", ParamType::kString, "auto", "how a rendezvous moves its data: 'put' (the receiver's CTS carries its buffer's key, the sender puts), 'get' (the sender's RTS carries its buffer's key, the receiver reads it, where the path provider can get), or 'auto': get up to the size the provider advises for the pair class (ucx over shared memory: 512K, and from 1.5M) when the send buffer is an HMC allocation, else put; 'split' splits every rendezvous the provider can get (HMC_RNDV_SPLIT)"},
+      {"HMC_RNDV", ParamType::kString, "auto", "how a rendezvous moves its data: 'put' (the receiver's CTS carries its buffer's key, the sender puts), 'get' (the sender's RTS carries its buffer's key, the receiver reads it, where the path provider can get), or 'auto': get up to the size the provider advises for the pair class (ucx over shared memory: 512K, and from 1.5M) when the send buffer is an HMC allocation, else put; 'split' splits every rendezvous the provider can get (HMC_RNDV_SPLIT)", "core", {"auto", "put", "get", "split"}},
       {"HMC_RNDV_SPLIT", ParamType::kSize, "128K", "with HMC_RNDV=auto, rendezvous messages of this size and larger between ranks of one host, where the provider advises gets (ucx over shared memory) and both buffers are HMC allocations, are split: the sender puts the first half while the receiver gets the second, so two cores copy at once (not where either rank has a rendezvous of its own under way the other way: both copy already); 0: never"},
       {"HMC_RNDV_TURNS", ParamType::kSize, "64K", "with HMC_RNDV=auto, between ranks of one host where the provider advises gets (ucx over shared memory), rendezvous messages of this size and larger that are not split are copied in turns: a receiver that got the last one from a peer asks the sender to put the next if it goes into another buffer, so both ranks copy a stream (only in a stream: more from that peer posted for or arrived; not where either rank has a rendezvous of its own under way the other way: it copies already); 0: the receiver gets every one"},
       {"HMC_STAGE_CHUNK", ParamType::kSize, "4M", "device messages staged through host memory move in chunks of this size: one chunk's device copy overlaps the previous chunk's transfer"},
       {"HMC_IPC_ASYNC", ParamType::kBool, "1", "IPC writes from device memory run on a device stream and complete from progress (0: each copy blocks the progress pass)"},
       {"HMC_COLL_CHUNK", ParamType::kSize, "1M", "collectives cut messages into chunks of this size so transfer and reduction overlap"},
       {"HMC_COLL_MAX_CHUNKS", ParamType::kInt, "64", "larger collectives use chunks of size/HMC_COLL_MAX_CHUNKS instead (fewer handshakes; set alike on every rank)"},
-      {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'"},
+      {"HMC_CCL", ParamType::kString, "auto", "delegate collectives to a vendor library (nccl) when every rank's buffers are on its devices: 'auto' or 'off'", "core", {"auto", "off"}},
       {"HMC_STREAM_STAGE", ParamType::kBool, "1", "stream-ordered collectives copy their device buffers through registered host memory on the stream, so that they queue no device work after the call (0: they run on the device buffers, faster on one host, and hang wherever streams share a hardware queue)"},
       {"HMC_STREAM_STAGE_MAX", ParamType::kSize, "1G", "registered host memory one communicator keeps for that staging; a stream-ordered call that would need more waits (up to HMC_TIMEOUT) until its stream has passed earlier calls and returned theirs; with none in flight, kept blocks that fit no call are unregistered first. One call may always exceed it"},
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},

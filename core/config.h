@@ -22,6 +22,7 @@ struct ParamDef {
   std::string default_value;
   std::string help;
   std::string owner = "core";  // "core" or the provider that registered it
+  std::vector<std::string> choices = {};  // a string's allowed values; empty: any
 };
 
 class Config {

@@ -66,7 +66,7 @@ LoadedProvider* pick_net_allocator(const PluginRegistry& reg, const Config& conf
   auto offers = [](LoadedProvider* n) { return n && (n->net_caps & HMC_NET_CAP_MEM_ALLOC) ? n : nullptr; };
   if (reg.nets().size() == 1) return offers(reg.nets()[0].get());
   auto policy = PathPolicy::parse(config.str("HMC_PATH"));
-  if (!policy) return nullptr;  // the communicator reports the malformed setting
+  if (!policy) return nullptr;  // malformed: create() refuses it
   const auto& forced = policy->forced;
   auto same = forced.find("same_host"), remote = forced.find("remote");
   if (same == forced.end() || remote == forced.end() || same->second != remote->second) return nullptr;
@@ -88,6 +88,9 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   if (!set_log_level(ctx->config_.str("HMC_LOG_LEVEL")))
     return Status(ErrorCode::kInvalidArgument, "malformed HMC_LOG_LEVEL='" + ctx->config_.str("HMC_LOG_LEVEL") +
                                                    "': expected trace, debug, info, warn, error or off");
+  // Checked here rather than when a communicator negotiates its paths: a typo should stop
+  // the program where it starts (the other strings with a grammar are checked by Config).
+  if (auto policy = PathPolicy::parse(ctx->config_.str("HMC_PATH")); !policy) return policy.status();
   ctx->timeout_ = std::chrono::duration_cast<std::chrono::milliseconds>(ctx->config_.duration("HMC_TIMEOUT"));
   if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
   ctx->engine_->default_timeout = ctx->timeout_;
@@ -112,8 +115,13 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
     ctx->engine_->add_poller([p] { return p->users.load(std::memory_order_relaxed) > 0 && p->net->progress(p->state) > 0; },
                              std::move(idle));
   }
-  if (!ctx->registry_->device("cpu"))
-    return Status(ErrorCode::kUnavailable, "the cpu device provider is missing or excluded; host memory needs it");
+  if (!ctx->registry_->device("cpu")) {
+    // Its reason says which (excluded, or refused: a malformed HMC_CPU_SIMD names itself).
+    std::string why = "missing or excluded";
+    for (const ProviderInfo& info : ctx->registry_->report())
+      if (info.kind == "device" && info.name == "cpu" && !info.reason.empty()) why = info.reason;
+    return Status(ErrorCode::kUnavailable, "the cpu device provider is unavailable (" + why + "); host memory needs it");
+  }
   ctx->net_alloc_ = pick_net_allocator(*ctx->registry_, ctx->config_);
   if (ctx->net_alloc_)
     HMC_LOG("core", debug, "host memory from Context::alloc comes from {}'s mem_alloc (every pair uses {})",

@@ -71,13 +71,8 @@ TEST_CASE("gather, scatter and barrier never go to the provider", "[ccl]") {
 }
 
 TEST_CASE("a malformed HMC_CCL is refused clearly", "[ccl][errors]") {
-  auto exits = test::run_ranks(2, failing_on_rank1("sometimes"), [](RankEnv& e) {
-    int64_t v = 1, out = 0;
-    Status s = all_reduce(e.comm, &v, &out, 1, DataType::kInt64, ReduceOp::kSum).wait();
-    HMC_EXPECT(s.code() == ErrorCode::kInvalidArgument, s.to_string());
-    HMC_EXPECT(s.message().find("HMC_CCL") != std::string::npos, s.message());
-    return 0;
-  });
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
+  auto ctx = Context::create({failing_on_rank1("sometimes")});
+  REQUIRE_FALSE(ctx.ok());
+  CHECK(ctx.status().code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(ctx.status().message(), Catch::Contains("HMC_CCL='sometimes'") && Catch::Contains("'auto' or 'off'"));
 }

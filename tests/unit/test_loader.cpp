@@ -119,6 +119,17 @@ TEST_CASE("device memory API allocates, copies and tracks on the cpu provider", 
   CHECK(ctx->copy(nullptr, ctx.value().devices().data(), 4).code() == ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE("a context without the cpu provider says why it has none", "[loader][config]") {
+  auto excluded = Context::create({{{"HMC_PROVIDERS", "^cpu"}}});
+  REQUIRE_FALSE(excluded.ok());
+  CHECK(excluded.status().code() == ErrorCode::kUnavailable);
+  CHECK_THAT(excluded.status().message(), Catch::Contains("cpu device provider") && Catch::Contains("not selected"));
+  auto refused = Context::create({{{"HMC_CPU_SIMD", "avx9000"}}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == ErrorCode::kUnavailable);
+  CHECK_THAT(refused.status().message(), Catch::Contains("HMC_CPU_SIMD") && Catch::Contains("avx9000"));
+}
+
 TEST_CASE("HMC_YIELD_EVERY takes 0 (automatic) or a count of polls", "[config]") {
   auto bad = Context::create({{{"HMC_YIELD_EVERY", "-1"}}});
   REQUIRE_FALSE(bad.ok());

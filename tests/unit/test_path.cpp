@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/path_negotiation.h"
+#include "hmc/context.h"
 #include "core/registration.h"
 #include "hmc/provider/net.h"
 
@@ -90,6 +91,10 @@ TEST_CASE("HMC_PATH forces a provider or fails with the reason", "[path]") {
   CHECK_THAT(missing.status().message(), Catch::Contains("no such net provider"));
   CHECK_FALSE(PathPolicy::parse("same_host=").ok());
   CHECK_FALSE(PathPolicy::parse("sideways=tcp").ok());
+  auto typo = Context::create({{{"HMC_PATH", "samehost=shm,remote=tcp"}}});
+  REQUIRE_FALSE(typo.ok());
+  CHECK(typo.status().code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(typo.status().message(), Catch::Contains("malformed HMC_PATH"));
   auto none = negotiate_path(card(0, "a", false), card(1, "b", false), policy(""));
   CHECK(none->provider == "tcp");
   Card bare = card(1, "b");
