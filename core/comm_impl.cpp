@@ -1,6 +1,7 @@
 // CommImpl set-up and lifecycle: bootstrap, cards, path negotiation, connections.
 #include "core/comm_impl.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -376,6 +377,7 @@ Status CommImpl::finalize() {
   Status s;
   try {
     std::thread barrier([&] {
+      pthread_setname_np(pthread_self(), "hmc-finalize");
       s = bootstrap_->barrier(deadline);
       barrier_done = true;
       ctx_.engine()->wake();

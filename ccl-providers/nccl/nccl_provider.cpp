@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -247,6 +248,7 @@ int comm_init(void* state, const void* id, size_t id_len, int nranks, int rank, 
   auto job = std::make_shared<InitJob>();
   const Nccl f = s->f;  // the thread may outlive this provider's state
   std::thread([job, f, uid, nranks, rank, device] {
+    pthread_setname_np(pthread_self(), "hmc-nccl-init");
     ncclComm_t nc = nullptr;
     const ncclResult_t r = cudaSetDevice(device) == cudaSuccess ? f.comm_init(&nc, nranks, uid, rank) : ncclInvalidArgument;
     std::lock_guard lock(job->mu);
