@@ -601,6 +601,8 @@ void Provider::retire(std::unique_ptr<Conn> c) {
     op->recv = nullptr;
     // close_conn fails every pending request: a send or a put's flush that UCX still
     // holds (a stopped peer flushes nothing) ends now, and its late callback finds none.
+    // A get is the exception: UCX may still write into its buffer, so it ends only when
+    // UCX gives it back (on_op_done fails an orphan's request with CLOSED).
     if (op->req != nullptr && (op->type == Op::kSend || op->type == Op::kFlush)) {
       op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
       op->req = nullptr;

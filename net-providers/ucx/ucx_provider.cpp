@@ -1,7 +1,7 @@
 /*
  * ucx: HMC net provider over UCP (UCX 1.13 as Debian 12 ships it).
  *
- * Capabilities: MSG, PUT, GET, REMOTE, SAME_HOST, MEM_HOST, MEM_ALLOC. Debian's UCX has no
+ * Capabilities: MSG, PUT, GET, REMOTE, SAME_HOST, MEM_HOST, MEM_ALLOC, POLLED. Debian's UCX has no
  * CUDA or ROCm support, so only host memory: core stages device memory.
  * Transports: whatever UCX selects (UCX_TLS, or HMC_UCX_TLS which overrides
  * it): tcp, posix/sysv shared memory, cma, verbs (rc/ud/dc, untested here).
@@ -14,8 +14,10 @@
  *   - messages are active messages in sequence per connection (conn.cpp);
  *   - registration is ucp_mem_map; mem_alloc is ucp_mem_map(ALLOCATE), the
  *     memory UCX's shared-memory transports put into with a memcpy (memory.cpp);
- *   - puts are ucp_put_nbx + flush after a target-side key check, gets ucp_get_nbx
- *     after the same check, where UCP reads the peer's memory directly (put.cpp).
+ *   - puts and gets follow a target-side key check: a memcpy through the mapping where
+ *     the initiator maps the region (ucp_rkey_ptr), ucp_put_nbx + flush or ucp_get_nbx
+ *     over verbs; elsewhere puts go as active messages that the target lands and gets
+ *     are refused, so the host puts instead (HMC_UCX_PUT; put.cpp).
  * Limits: messages up to 1 GiB; packed UCP rkeys up to 216 bytes (the rest of
  * HMC_NET_RKEY_MAX is HMC's header). Props are cost-model inputs chosen by
  * transport class, not measurements of this machine.
