@@ -19,7 +19,8 @@
 #
 # DIR holds hmc-bench, hmc-probe and hmc-gpu-ref (default: build/bin); libhmc and the cuda
 # provider must be found by them (a build tree, or LD_LIBRARY_PATH as scripts/gpu-check.sh
-# sets it). NCCL_NVLS_ENABLE=0 always. Exit status: non-zero when a run failed.
+# sets it); BIN and OUT set the same as --bin and --out. NCCL_NVLS_ENABLE=0 always. Exit
+# status: non-zero when a run failed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${BIN:-$here/../build/bin}
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     -e) maxb=$2; shift 2 ;;
     -f) factor=$2; shift 2 ;;
     --colls) colls=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "compare-gpu: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -11,5 +11,5 @@ echo; echo "== hmc-probe: providers, devices, configuration"; echo
 "$bin/hmc-probe"
 echo; echo "== hmc-probe --local 3: three ranks, every pair measured (same-host paths)"; echo
 "$bin/hmc-probe" --local 3 -b 16M -n 10
-echo; echo "== the same ranks forced onto tcp (HMC_PATH=tcp)"; echo
+echo; echo "== two ranks forced onto tcp (HMC_PATH=tcp)"; echo
 HMC_PATH=tcp "$bin/hmc-probe" --local 2 -b 16M -n 10

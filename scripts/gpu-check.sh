@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, in one run on a machine with two GPUs (issue 5): topology, the GPU-labelled
-# tests, hmc-bench -c correctness of every collective on 2 GPU ranks and on 2 GPU + 2 CPU
-# ranks (small and large sizes), then bench/compare-gpu.sh (HMC against NCCL and the CUDA
-# copies). Everything it prints and measures lands in OUTDIR; a failed step does not stop
-# the others; the exit status is non-zero when any step failed, and the end lists them.
+# tests, hmc-bench -c correctness of every collective but the barrier (no data) on 2 GPU
+# ranks and on 2 GPU + 2 CPU ranks (small and large sizes), then bench/compare-gpu.sh (HMC
+# against NCCL and the CUDA copies). Everything it prints and measures lands in OUTDIR; a
+# failed step does not stop the others; the exit status is non-zero when any step failed,
+# and the end lists them.
 #
 #   scripts/gpu-check.sh OUTDIR
 #
