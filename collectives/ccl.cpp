@@ -326,7 +326,7 @@ Request CclLink::run(const CclWork& w, void* user_stream) {
   if (pl.out_bytes && dev_->dev->copy(dev_->state, pl.out_dst, pl.out_src, pl.out_bytes, stream) != 0)
     return failed(provider_status(dev_, "copying the result back"));
   Pending p{core::Operation::make(engine_), nullptr, std::move(pl.blocks),
-            Clock::now() + engine_->default_timeout, w.result_bytes};
+            core::deadline_after(engine_->default_timeout), w.result_bytes};
   {
     std::lock_guard lock(mu_);
     if (!spare_events_.empty()) {

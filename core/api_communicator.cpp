@@ -148,7 +148,7 @@ Request Communicator::put(int peer, const void* src, std::size_t bytes, const Re
 
 Result<uint64_t> Communicator::wait_notify(int peer, std::chrono::milliseconds timeout) {
   HMC_RETURN_IF_ERROR(check_peer(impl_.get(), peer));
-  return impl_->wait_notify(peer, Clock::now() + timeout);
+  return impl_->wait_notify(peer, core::deadline_after(timeout));
 }
 
 Result<uint64_t> Communicator::wait_notify(int peer) {

@@ -68,7 +68,7 @@ Status Request::wait(std::chrono::milliseconds timeout) {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
   if (op_->done()) return op_->status();
   auto* engine = op_->engine();
-  if (!engine->wait_until([&] { return op_->done(); }, Clock::now() + timeout)) {
+  if (!engine->wait_until([&] { return op_->done(); }, core::deadline_after(timeout))) {
     if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
     return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
   }

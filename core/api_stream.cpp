@@ -72,7 +72,7 @@ Result<bool> Stream::idle() const {
 }
 
 Status Stream::synchronize(std::optional<std::chrono::milliseconds> timeout) const {
-  const auto deadline = core::Clock::now() + timeout.value_or(ctx_ ? ctx_->timeout() : std::chrono::milliseconds(0));
+  const auto deadline = core::deadline_after(timeout.value_or(ctx_ ? ctx_->timeout() : std::chrono::milliseconds(0)));
   for (;;) {
     auto done = idle();
     if (!done) return done.status();

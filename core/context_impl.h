@@ -34,7 +34,7 @@ class ContextImpl {
   // helpers, a second one for the helper (progress.h), unless HMC_YIELD_EVERY says
   // otherwise.
   void note_host_ranks(int n, bool helpers);
-  Clock::time_point deadline() const { return Clock::now() + timeout_; }
+  Clock::time_point deadline() const { return deadline_after(timeout_); }
 
   std::vector<DeviceInfo> devices() const;
   Result<Memory> alloc(const DeviceId& device, std::size_t bytes, AllocKind kind);

@@ -15,18 +15,24 @@ class Operation;
 
 using Clock = std::chrono::steady_clock;
 
+// A default-constructed Request is no operation: wait() fails with
+// kInvalidArgument, test() returns true, status() is Ok and bytes() 0.
 class Request {
  public:
   Request() = default;
   explicit Request(std::shared_ptr<core::Operation> op) : op_(std::move(op)) {}
 
   // Blocks until the operation ends or `timeout` passes (kTimeout; the
-  // operation stays pending). The default is HMC_TIMEOUT.
+  // operation stays pending and keeps using its buffers until it ends). The
+  // default is HMC_TIMEOUT; a timeout too long for the clock
+  // (milliseconds::max()) waits without end.
   Status wait();
   Status wait(std::chrono::milliseconds timeout);
   // true when finished (successfully or not), false while pending.
   bool test();
-  // The outcome once finished; kTimeout-free. Ok while pending.
+  // The outcome once finished (a wait's own kTimeout is not stored here; an
+  // operation may still end in kTimeout, e.g. a delegated collective past
+  // HMC_TIMEOUT). Ok while pending.
   Status status() const;
   // Bytes moved (for a receive: the size of the message received).
   std::size_t bytes() const;

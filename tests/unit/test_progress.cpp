@@ -81,3 +81,30 @@ TEST_CASE("an item may remove itself from inside its own progress", "[progress]"
   engine.progress();
   CHECK(item.calls.load() == 1);  // off the list
 }
+
+TEST_CASE("a wait with the longest timeout waits instead of timing out at once", "[progress]") {
+  using hmc::core::deadline_after;
+  const auto before = std::chrono::steady_clock::now();
+  CHECK(deadline_after(std::chrono::milliseconds::max()) == hmc::Clock::time_point::max());
+  CHECK(deadline_after(std::chrono::hours::max()) == hmc::Clock::time_point::max());
+  const auto passed = deadline_after(-5s);
+  CHECK(passed <= std::chrono::steady_clock::now());
+  const auto in_a_second = deadline_after(1s);
+  CHECK(in_a_second >= before + 1s);
+  CHECK(in_a_second <= std::chrono::steady_clock::now() + 1s);
+
+  auto engine = std::make_shared<hmc::core::ProgressEngine>();
+  auto op = hmc::core::Operation::make(engine);
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(100ms);
+    op->complete(7);
+    engine->wake();
+  });
+  hmc::Request r(op);
+  const auto t0 = std::chrono::steady_clock::now();
+  hmc::Status s = r.wait(std::chrono::milliseconds::max());
+  finisher.join();
+  CHECK(s.ok());
+  CHECK(r.bytes() == 7);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 90ms);
+}
