@@ -44,6 +44,9 @@ Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt) : comm_(co
   rank_ = comm.rank();
   size_ = comm.size();
   seq_ = next_sequence(comm.impl());
+  // Before anything runs: a call with nothing to move (count 0, or one rank) would
+  // otherwise succeed on a communicator that finalize() or abort() ended.
+  status_ = comm.impl().usable();
 }
 
 Request Call::run(const Build& build) {

@@ -965,6 +965,30 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
   });
 }
 
+TEST_CASE("collectives after finalize or abort fail, even with nothing to move", "[collectives][errors]") {
+  run(1, settings(), [](RankEnv& e) {
+    float x = 1, y = 0;
+    HMC_EXPECT_OK(all_reduce(e.comm, &x, &y, 1, DataType::kFloat32, ReduceOp::kSum).wait(kWait));
+    HMC_EXPECT(y == 1.f, "all_reduce on one rank");
+    HMC_EXPECT_OK(e.comm.finalize());
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}}) {
+      Status s = all_reduce(e.comm, &x, &y, count, DataType::kFloat32, ReduceOp::kSum).wait(kWait);
+      HMC_EXPECT(s.code() == ErrorCode::kFinalized, "count " + std::to_string(count) + ": " + s.to_string());
+    }
+    HMC_EXPECT(barrier(e.comm).wait(kWait).code() == ErrorCode::kFinalized, "barrier after finalize");
+    return 0;
+  });
+  run(2, settings(), [](RankEnv& e) {
+    HMC_EXPECT_OK(barrier(e.comm).wait(kWait));
+    e.comm.abort();
+    float x = 1, y = 0;
+    Status s = all_reduce(e.comm, &x, &y, 0, DataType::kFloat32, ReduceOp::kSum).wait(kWait);
+    HMC_EXPECT(s.code() == ErrorCode::kAborted, s.to_string());
+    HMC_EXPECT(s.message().find("all_reduce") != std::string::npos, s.message());
+    return 0;
+  });
+}
+
 TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][errors]") {
   auto s = settings();
   s["HMC_TIMEOUT"] = "20s";
