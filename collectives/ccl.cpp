@@ -154,7 +154,15 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
                  (theirs.empty() ? std::string("no collective provider") : "collective provider " + theirs.front()) +
                  (first.empty() || r == 0 ? "" : ", rank 0 has " + first.front()));
   }
-  Offer mine;
+  // On the heap: an exchange whose wait fails may stay posted, and the communicator then
+  // keeps them until it is destroyed.
+  struct Offers {
+    Offer mine;
+    std::vector<Offer> all;
+  };
+  auto offers = std::make_shared<Offers>();
+  Offer& mine = offers->mine;
+  std::vector<Offer>& all = offers->all;
   core::LoadedProvider* cp = ctx_.registry().ccl(first.front());
   if (cp) {
     const void* where = w.recv_bytes ? static_cast<const void*>(w.recv) : w.send;
@@ -172,12 +180,15 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
       }
     }
   }
-  std::vector<Offer> all(static_cast<std::size_t>(size_));
+  all.resize(static_cast<std::size_t>(size_));
   CollOptions host_only;
   host_only.algorithm = "ring";  // a named algorithm is never delegated: no recursion
   host_only.check = false;
   Status s = all_gather(comm, &mine, all.data(), sizeof(Offer), DataType::kUint8, host_only).wait();
-  if (!s.ok()) return off("the delegation exchange failed: " + s.message());
+  if (!s.ok()) {
+    ci.keep_until_destroyed(offers);
+    return off("the delegation exchange failed: " + s.message());
+  }
   for (int r = 0; r < size_; ++r)
     if (all[r].ready == kNoProvider) return off("rank " + std::to_string(r) + " could not make a communicator id");
   for (int r = 0; r < size_; ++r) {

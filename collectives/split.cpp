@@ -19,6 +19,14 @@ constexpr std::size_t kIdBytes = 256;  // UniqueId::to_string() is about 60 char
 
 Status split_error(const Status& s) { return {s.code(), "split: " + s.message()}; }
 
+// What the exchanges read and write. On the heap: a wait that fails may leave them
+// posted, and the communicator then keeps these until it is destroyed.
+struct SplitBuffers {
+  int32_t mine[2] = {0, 0};
+  std::vector<int32_t> all;
+  std::array<char, kIdBytes> text{};
+};
+
 }  // namespace
 
 Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key) {
@@ -26,9 +34,17 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
   if (&ctx.impl() != &comm.impl().context())
     return Status(ErrorCode::kInvalidArgument, "split: the context is not the one the communicator was created with");
   const int n = comm.size(), r = comm.rank();
-  const int32_t mine[2] = {color < 0 ? -1 : color, key};
-  std::vector<int32_t> all(2 * static_cast<std::size_t>(n));
-  if (Status s = all_gather(comm, mine, all.data(), 2, DataType::kInt32).wait(); !s.ok()) return split_error(s);
+  auto bufs = std::make_shared<SplitBuffers>();
+  bufs->mine[0] = color < 0 ? -1 : color;
+  bufs->mine[1] = key;
+  bufs->all.resize(2 * static_cast<std::size_t>(n));
+  auto failed = [&](const Status& s) {
+    comm.impl().keep_until_destroyed(bufs);
+    return split_error(s);
+  };
+  const int32_t* mine = bufs->mine;
+  const std::vector<int32_t>& all = bufs->all;
+  if (Status s = all_gather(comm, mine, bufs->all.data(), 2, DataType::kInt32).wait(); !s.ok()) return failed(s);
   // Every rank takes the sequence number, also those that join no sub-communicator.
   const uint64_t seq = coll::next_sequence(comm.impl());
   if (color < 0) return Communicator();
@@ -43,7 +59,7 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
   }
   const int new_size = static_cast<int>(members.size());
   const uint64_t tag = coll::tag_base(seq) | coll::subtag(0);
-  std::array<char, kIdBytes> text{};
+  std::array<char, kIdBytes>& text = bufs->text;
   if (r == leader) {
     auto id = ctx.create_unique_id();
     // A failure still goes out, so that the members fail at once instead of timing out.
@@ -53,11 +69,12 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
     for (auto& [k, j] : members)
       if (j != r) sends.emplace_back(comm.impl().isend(text.data(), kIdBytes, j, tag));
     Status sent = wait_all(sends.data(), sends.size());
+    if (!sent.ok()) comm.impl().keep_until_destroyed(bufs);
     if (!id) return split_error(id.status());
     if (!sent.ok()) return split_error(sent);
     return Communicator::create(ctx, id.value(), new_rank, new_size);
   }
-  if (Status s = Request(comm.impl().irecv(text.data(), kIdBytes, leader, tag)).wait(); !s.ok()) return split_error(s);
+  if (Status s = Request(comm.impl().irecv(text.data(), kIdBytes, leader, tag)).wait(); !s.ok()) return failed(s);
   std::string got(text.data(), strnlen(text.data(), kIdBytes));
   if (!got.empty() && got[0] == '!')
     return Status(ErrorCode::kUnavailable, "split: rank " + std::to_string(leader) +

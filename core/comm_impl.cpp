@@ -408,6 +408,11 @@ std::shared_ptr<void> CommImpl::upper_state(const std::function<std::shared_ptr<
   return upper_;
 }
 
+void CommImpl::keep_until_destroyed(std::shared_ptr<void> buffers) {
+  std::lock_guard lock(upper_mu_);
+  kept_.push_back(std::move(buffers));
+}
+
 CommImpl::~CommImpl() {
   if (state_.load() == 0) HMC_LOG("core", info, "communicator destroyed without finalize(); peers will see rank {} lost", rank_);
   abort();

@@ -83,6 +83,10 @@ class CommImpl : public Progressable {
   // One slot for the layer above (the collectives' sequence counter, scratch pool, vendor
   // CCL communicator): made by `make` on first use, destroyed with the communicator.
   std::shared_ptr<void> upper_state(const std::function<std::shared_ptr<void>()>& make);
+  // Buffers of an exchange of the layers above whose wait failed (split, the vendor
+  // library's agreement): its operations may still be posted and write into them, so they
+  // live until this communicator is destroyed, after abort() closed its connections.
+  void keep_until_destroyed(std::shared_ptr<void> buffers);
 
  private:
   // A buffer's registration with a peer's provider: a cached one, or one of its own.
@@ -384,6 +388,7 @@ class CommImpl : public Progressable {
   std::shared_ptr<HostSegments> segments_;
   std::mutex upper_mu_;
   std::shared_ptr<void> upper_;
+  std::vector<std::shared_ptr<void>> kept_;  // upper_mu_
 };
 
 }  // namespace hmc::core

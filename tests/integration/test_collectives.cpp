@@ -22,6 +22,7 @@
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <thread>
 
 #include "multiprocess.h"
 #ifdef HMCTEST_DEVICE_BUFFERS
@@ -863,6 +864,33 @@ TEST_CASE("split builds sub-communicators ordered by key", "[collectives][split]
       HMC_EXPECT_OK(again->finalize());
     }
     HMC_EXPECT_OK(sub->finalize());
+    return 0;
+  });
+}
+
+// Rank 0's split times out before rank 1 even starts; rank 1's exchange then completes
+// rank 0's, which is still posted, while rank 0 waits for something else. Its buffers must
+// still be there (the sanitizer build reports a write into freed memory otherwise).
+TEST_CASE("a split whose exchange timed out keeps its buffers for the late messages", "[collectives][split][errors]") {
+  auto s = settings();
+  s["HMC_TIMEOUT"] = "1s";
+  run(2, s, [](RankEnv& e) {
+    int64_t x = 0;
+    if (e.rank == 0) {
+      Request late = e.comm.irecv(&x, sizeof(x), 1, 77);
+      auto sub = split(e.ctx, e.comm, 0, 0);
+      HMC_EXPECT(!sub.ok() && sub.status().code() == ErrorCode::kTimeout, sub.status().to_string());
+      HMC_EXPECT(sub.status().message().find("split") != std::string::npos, sub.status().to_string());
+      HMC_EXPECT_OK(late.wait(std::chrono::seconds(20)));  // rank 1's split runs meanwhile
+      HMC_EXPECT(x == 42, "the message after the late split: " + std::to_string(x));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      // Its exchange meets rank 0's; the id from the leader (rank 0) never comes.
+      auto sub = split(e.ctx, e.comm, 0, 0);
+      HMC_EXPECT(!sub.ok() && sub.status().code() == ErrorCode::kTimeout, sub.status().to_string());
+      x = 42;
+      HMC_EXPECT_OK(e.comm.isend(&x, sizeof(x), 0, 77).wait(std::chrono::seconds(20)));
+    }
     return 0;
   });
 }
