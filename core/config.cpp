@@ -142,7 +142,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"RANK", ParamType::kForeign, "", "torchrun: rank (read by from_env)"},
       {"WORLD_SIZE", ParamType::kForeign, "", "torchrun: number of ranks"},
       {"MASTER_ADDR", ParamType::kForeign, "", "torchrun: rank 0's address, hosts the bootstrap root"},
-      {"MASTER_PORT", ParamType::kForeign, "", "torchrun: port of the bootstrap root"},
+      {"MASTER_PORT", ParamType::kForeign, "", "torchrun: its store's port; the bootstrap root listens on the next one"},
       {"TORCHELASTIC_RUN_ID", ParamType::kForeign, "", "torchrun: job id, seeds the job secret when HMC_SECRET is unset"},
       {"OMPI_COMM_WORLD_RANK", ParamType::kForeign, "", "Open MPI: rank"},
       {"OMPI_COMM_WORLD_SIZE", ParamType::kForeign, "", "Open MPI: number of ranks"},

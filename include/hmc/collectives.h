@@ -1,13 +1,17 @@
 // Collectives on a Communicator: every one non-blocking (returns a Request); blocking
-// forms are `op(...).wait()`. Buffers may live on any device HMC knows. In place is
+// forms are `op(...).wait()`. One exception: where every rank has a vendor collective
+// library (HMC_CCL=auto), the first call that could go to it first agrees with the other
+// ranks on it, a small exchange that blocks the caller (up to HMC_TIMEOUT). Buffers may live on any device HMC knows. In place is
 // send == recv, except where a rank's own block sits inside a larger buffer:
 // all_gather: send == recv + rank * count elements; gather (root): send == recv + root *
 // count; reduce_scatter: recv == send + rank * recv_count; scatter (root): recv == send +
 // root * count (docs/collectives.md). count 0 is a no-op that still completes. Every rank
 // must call the same collectives in the same order with matching arguments;
 // CollOptions::check verifies that at a small cost. Collectives on one communicator may
-// be in flight together; destroy a communicator only after its collectives finished (or
-// after abort(), which fails them).
+// be in flight together; destroy a communicator only after its collectives finished.
+// abort() fails those on HMC's own paths at once; one still waiting for its stream, or
+// handed to a vendor library, ends later (its stream's work, HMC_TIMEOUT) and must end
+// before the communicator goes.
 #pragma once
 
 #include <chrono>
@@ -24,10 +28,12 @@ namespace hmc {
 
 struct CollOptions {
   // Overrides HMC_ALGO for this call: "ring", "rd" (recursive doubling; recursive
-  // halving for reduce_scatter), "rhd" (Rabenseifner all_reduce), "tree" (binomial),
+  // halving for reduce_scatter, which takes "rhd" as the same), "rhd" (Rabenseifner
+  // all_reduce), "tree" (binomial),
   // "pairwise" / "linear" (all_to_all), "linear" (gather, scatter), "dissemination"
   // (barrier), "" = choose by size and rank count. A name the collective has no
-  // algorithm for is kInvalidArgument.
+  // algorithm for is kInvalidArgument; all_gather's and reduce_scatter's "rd" (and "rhd")
+  // run as "ring" where the rank count is not a power of two.
   std::string algorithm;
   // Verify that all ranks called the same collective with the same count, dtype, op,
   // root and algorithm (and matching all_to_all_v counts) before any data moves, at the
@@ -38,7 +44,8 @@ struct CollOptions {
   // stream the collective starts after the work queued on it before the call, and work
   // queued on it after the call waits for the collective; the calling thread does not
   // block (the same contract as NCCL). HMC drives such collectives on a background
-  // thread, so nobody needs to wait on the Request, which still reports errors.
+  // thread, so nobody needs to wait on the Request, which still reports errors. The
+  // barrier, which has no buffer to order, takes no stream (kInvalidArgument).
   void* stream = nullptr;
 };
 
@@ -70,8 +77,8 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
                      DataType dtype, const CollOptions& opt = {});
 Request barrier(Communicator& comm, const CollOptions& opt = {});
 
-// Grouped point-to-point: operations posted between group_start and group_end are
-// issued together and complete together through the Request group_end returns.
+// Grouped point-to-point: the sends and receives added with send() and recv() are issued
+// together by end() and complete together through the Request it returns.
 class Group {
  public:
   explicit Group(Communicator& comm) : comm_(comm) {}

@@ -92,8 +92,9 @@ class Communicator {
   // Every rank calls this with the same id and size, each with its own rank.
   static Result<Communicator> create(Context& ctx, const UniqueId& id, int rank, int size);
   // Rank, size and root from the environment: HMC_RANK/HMC_WORLD_SIZE/HMC_ROOT
-  // (+HMC_SECRET), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or Open MPI's
-  // OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE with HMC_ROOT.
+  // (+HMC_SECRET), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (the bootstrap
+  // root listens on MASTER_PORT + 1: torchrun's own store holds MASTER_PORT), or Open
+  // MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE with HMC_ROOT.
   static Result<Communicator> from_env(Context& ctx);
 
   Communicator();
@@ -106,13 +107,17 @@ class Communicator {
   const PeerInfo& peer(int rank) const;
   const PathInfo& path(int peer) const;
 
-  // Tagged point-to-point. A receive matches the first send of the same peer and
+  // Tagged point-to-point. Tags with the top bit set are reserved for the collectives
+  // (kInvalidArgument). A receive matches the first send of the same peer and
   // tag; its buffer must hold exactly the message, else the receive fails with
   // kMismatch, and so does the send when it goes by rendezvous (above the pair's eager
   // limit: PathInfo::eager_limit, or past its eager window for longer than its credit
   // wait: PathInfo::eager_window, credit_wait); an eager send has completed by then.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
+  // Blocking forms: isend/irecv(...).wait(), HMC_TIMEOUT. A kTimeout leaves the
+  // operation posted, as Request::wait does, and `buf` in use until a message ends it
+  // or abort() fails it: keep the buffer alive, or use isend/irecv to hold the Request.
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status recv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
 
