@@ -68,6 +68,8 @@ Status Request::wait(std::chrono::milliseconds timeout) {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
   if (op_->done()) return op_->status();
   auto* engine = op_->engine();
+  // The context is gone: its providers (which a pass would poll) with it.
+  if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
   if (!engine->wait_until([&] { return op_->done(); }, core::deadline_after(timeout))) {
     if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
     return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
@@ -77,7 +79,7 @@ Status Request::wait(std::chrono::milliseconds timeout) {
 
 bool Request::test() {
   if (!op_) return true;
-  if (!op_->done() && op_->engine()) op_->engine()->progress();
+  if (!op_->done() && op_->engine() && !op_->engine()->closed()) op_->engine()->progress();
   return op_->done();
 }
 

@@ -217,10 +217,10 @@ std::vector<ConfigEntry> Config::entries() const {
   return out;
 }
 
-std::vector<std::string> Config::unclaimed() const {
-  std::vector<std::string> out;
+std::vector<std::pair<std::string, std::string>> Config::unclaimed() const {
+  std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [name, v] : values_)
-    if (!defs_.count(name)) out.push_back(name);
+    if (!defs_.count(name)) out.emplace_back(name, v.second);
   return out;
 }
 

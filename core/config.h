@@ -45,8 +45,9 @@ class Config {
   std::chrono::microseconds duration(const std::string& name) const;
 
   std::vector<ConfigEntry> entries() const;
-  // HMC_* variables in the environment that no table claims (typos, usually).
-  std::vector<std::string> unclaimed() const;
+  // HMC_* names set in the environment or options that no table claims (typos, usually),
+  // each with where it was set ("env" or "option").
+  std::vector<std::pair<std::string, std::string>> unclaimed() const;
 
   static const std::vector<ParamDef>& core_params();
 

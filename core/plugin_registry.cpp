@@ -217,8 +217,9 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
     }
     HMC_RETURN_IF_ERROR(reg->load_one(c, config, engine));
   }
-  for (const auto& name : config.unclaimed())
-    HMC_LOG("core", warn, "unknown setting {} in the environment is ignored (hmc-probe config lists them all)", name);
+  for (const auto& [name, source] : config.unclaimed())
+    HMC_LOG("core", warn, "unknown setting {} ({}) is ignored (hmc-probe config lists them all)", name,
+            source == "option" ? "in ContextOptions" : "in the environment");
   return reg;
 }
 

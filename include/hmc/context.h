@@ -20,7 +20,9 @@ class ContextImpl;
 
 struct ContextOptions {
   // HMC_* settings that take precedence over the environment, e.g.
-  // {"HMC_PROVIDERS", "cpu,tcp"}. Names outside the table are an error.
+  // {"HMC_PROVIDERS", "cpu,tcp"}. A name that is not HMC_* nor in the table is an error;
+  // an HMC_* name no table claims (core's, or a loaded provider's) is logged at warn
+  // level and ignored, as in the environment.
   std::map<std::string, std::string> settings;
 };
 
@@ -51,6 +53,8 @@ struct ConfigEntry {
   std::string name, type, default_value, help, value, source;  // source: "default", "env", "option"
 };
 
+// Communicators, Memory, MemoryRegions and Streams made from a Context must be destroyed
+// before it. A Request still pending when it goes fails with kFinalized when waited on.
 class Context {
  public:
   static Result<Context> create(ContextOptions options = {});

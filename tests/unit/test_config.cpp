@@ -57,5 +57,6 @@ TEST_CASE("provider parameters join the table and are checked", "[config]") {
   bool listed = false;
   for (const auto& e : good->entries()) listed |= e.name == "HMC_FAKE_CHUNK" && e.source == "option";
   CHECK(listed);
-  CHECK(c->unclaimed() == std::vector<std::string>{"HMC_FAKE_CHUNK", "HMC_TYPO"});
+  using Unclaimed = std::vector<std::pair<std::string, std::string>>;
+  CHECK(c->unclaimed() == Unclaimed{{"HMC_FAKE_CHUNK", "option"}, {"HMC_TYPO", "option"}});
 }

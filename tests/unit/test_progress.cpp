@@ -108,3 +108,22 @@ TEST_CASE("a wait with the longest timeout waits instead of timing out at once",
   CHECK(r.bytes() == 7);
   CHECK(std::chrono::steady_clock::now() - t0 >= 90ms);
 }
+
+// After ~ContextImpl the engine is closed and its pollers point at providers that are gone:
+// a Request the application still holds must not make a pass.
+TEST_CASE("a request of a closed engine fails with kFinalized and makes no pass", "[progress]") {
+  auto engine = std::make_shared<hmc::core::ProgressEngine>();
+  std::atomic<int> polls{0};
+  engine->add_poller([&] {
+    polls.fetch_add(1);
+    return false;
+  });
+  hmc::Request r(hmc::core::Operation::make(engine));
+  CHECK_FALSE(r.test());
+  CHECK(polls.load() == 1);
+  engine->close();
+  CHECK_FALSE(r.test());
+  CHECK(r.wait(1s).code() == hmc::ErrorCode::kFinalized);
+  CHECK(r.wait().code() == hmc::ErrorCode::kFinalized);
+  CHECK(polls.load() == 1);
+}
