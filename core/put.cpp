@@ -1,6 +1,4 @@
 // CommImpl one-sided: registration, puts and their notifications.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -39,15 +37,11 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
                                                            std::to_string(offset) + " overruns the peer's region of " +
                                                            std::to_string(k->region_bytes) + " bytes"});
   auto op = Operation::make(ctx_.engine());
-  if (!p.net) {  // self: the key's "self" entry is {pid, address}
+  if (!p.net) {  // self: the key's "self" entry names a live region of this process
     const auto self = k->find("self");
-    int64_t pid = 0;
-    uint64_t addr = 0;
-    if (!self || self->size() != 16) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});
-    std::memcpy(&pid, self->data(), 8);
-    std::memcpy(&addr, self->data() + 8, 8);
-    if (pid != getpid()) return Operation::failed({ErrorCode::kInvalidArgument, "remote key belongs to another process, not this rank"});
-    if (Status s = ctx_.copy(reinterpret_cast<uint8_t*>(addr) + offset, src, bytes); !s.ok()) return Operation::failed(s);
+    if (!self) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});
+    auto copy = [this](void* dst, const void* from, std::size_t n) { return ctx_.copy(dst, from, n); };
+    if (Status s = self_put(*self, offset, src, bytes, copy); !s.ok()) return Operation::failed(s);
     if (notify) p.notifications.push_back(*notify);
     op->complete(bytes);
     return op;

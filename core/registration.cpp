@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "core/log.h"
 
@@ -52,9 +54,53 @@ bool walk_entries(std::span<const uint8_t> entries, uint32_t count, Visit visit)
   return true;
 }
 
+// This process's live registrations by id, for puts through a "self" entry. A self put
+// copies under `mu`, so the region it checks cannot be destroyed meanwhile.
+struct LiveRegions {
+  std::mutex mu;
+  uint64_t next = 1;
+  std::map<uint64_t, std::pair<void*, std::size_t>> regions;
+};
+
+LiveRegions& live_regions() {
+  static LiveRegions* live = new LiveRegions;  // never destroyed: registrations may outlive statics
+  return *live;
+}
+
 }  // namespace
 
+Registration::Registration(void* ptr, std::size_t bytes) : ptr_(ptr), bytes_(bytes) {
+  LiveRegions& live = live_regions();
+  std::lock_guard lock(live.mu);
+  id_ = live.next++;
+  live.regions[id_] = {ptr, bytes};
+}
+
+Status self_put(std::span<const uint8_t> self_entry, uint64_t offset, const void* src, std::size_t bytes,
+                const std::function<Status(void*, const void*, std::size_t)>& copy) {
+  int64_t pid = 0;
+  uint64_t addr = 0, id = 0;
+  if (self_entry.size() != 24) return {ErrorCode::kInvalidArgument, "remote key has no valid local entry"};
+  std::memcpy(&pid, self_entry.data(), 8);
+  std::memcpy(&addr, self_entry.data() + 8, 8);
+  std::memcpy(&id, self_entry.data() + 16, 8);
+  if (pid != getpid()) return {ErrorCode::kInvalidArgument, "remote key belongs to another process, not this rank"};
+  LiveRegions& live = live_regions();
+  std::lock_guard lock(live.mu);
+  auto it = live.regions.find(id);
+  if (it == live.regions.end() || reinterpret_cast<uintptr_t>(it->second.first) != addr)
+    return {ErrorCode::kInvalidArgument, "remote key of a region that is no longer registered"};
+  if (offset > it->second.second || bytes > it->second.second - offset)
+    return {ErrorCode::kOutOfBounds, "put overruns the region"};
+  return bytes ? copy(static_cast<uint8_t*>(it->second.first) + offset, src, bytes) : Status{};
+}
+
 Registration::~Registration() {
+  {
+    LiveRegions& live = live_regions();
+    std::lock_guard lock(live.mu);
+    live.regions.erase(id_);
+  }
   for (auto& e : entries_)
     if (e.net->net->dereg_mem(e.net->state, e.mr) != 0)
       HMC_LOG("core", warn, "deregistering memory from {} failed", e.net->name);
@@ -90,6 +136,7 @@ std::vector<uint8_t> Registration::pack() const {
   std::vector<uint8_t> self;
   put_raw<int64_t>(self, getpid());
   put_raw<uint64_t>(self, reinterpret_cast<uintptr_t>(ptr_));
+  put_raw<uint64_t>(self, id_);
   add("self", self);
   for (const auto& e : entries_) add(e.net->name, e.rkey);
   return out;

@@ -3,10 +3,13 @@
 // Packed remote key layout (little-endian, opaque to users):
 //   u32 magic "HMRK", u32 version, u64 region bytes, u32 entries,
 //   then per entry: u8 name length, name, u16 key length, key.
-// The "self" entry holds {pid, address} for puts within one process.
+// The "self" entry holds {pid, address, region id} for puts within one process; the id
+// names the Registration while it lives (self_put checks it), so a key of a region since
+// destroyed, or a forged one, writes nothing.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,7 +23,7 @@ namespace hmc::core {
 
 class Registration {
  public:
-  Registration(void* ptr, std::size_t bytes) : ptr_(ptr), bytes_(bytes) {}
+  Registration(void* ptr, std::size_t bytes);
   ~Registration();
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
@@ -38,8 +41,15 @@ class Registration {
   };
   void* ptr_;
   std::size_t bytes_;
+  uint64_t id_;  // in this process's table of live registrations (registration.cpp)
   std::vector<Entry> entries_;
 };
+
+// A put within this process through a key's "self" entry: copies `bytes` from `src` at
+// `offset` of the region with `copy`, while the region cannot be destroyed; fails where the
+// key is not this process's or its region is gone.
+Status self_put(std::span<const uint8_t> self_entry, uint64_t offset, const void* src, std::size_t bytes,
+                const std::function<Status(void* dst, const void* src, std::size_t bytes)>& copy);
 
 // A packed key, checked and read in place: find() returns a view into the bytes it was
 // unpacked from, which must outlive it. A put unpacks its key on every call, so nothing

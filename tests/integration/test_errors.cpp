@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -65,6 +66,38 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
     HMC_EXPECT_OK(e.comm.finalize());
     HMC_EXPECT(e.comm.send(buf.data(), 4, peer).code() == ErrorCode::kFinalized, "use after finalize");
     HMC_EXPECT(e.comm.barrier().code() == ErrorCode::kFinalized, "barrier after finalize");
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
+TEST_CASE("a put to this rank writes only into a region still registered", "[errors][put]") {
+  auto exits = test::run_ranks(1, fast(), [](RankEnv& e) {
+    std::vector<uint8_t> region(4096, 0xEE), data(100, 7);
+    RemoteKey key;
+    {
+      auto mr = e.comm.register_memory(region.data(), region.size());
+      HMC_EXPECT(mr.ok(), mr.status().to_string());
+      key = mr->pack();
+      HMC_EXPECT_OK(e.comm.put(0, data.data(), data.size(), key, 10).wait());
+      HMC_EXPECT(region[9] == 0xEE && region[10] == 7 && region[109] == 7 && region[110] == 0xEE, "self put range");
+      Status oob = e.comm.put(0, data.data(), data.size(), key, 4000).wait();
+      HMC_EXPECT(oob.code() == ErrorCode::kOutOfBounds, oob.to_string());
+      // The self entry ("self": pid, address, region id) sits after the 20-byte header,
+      // its name and its length: flip a byte of the id and the key names no region.
+      RemoteKey forged = key;
+      HMC_EXPECT(forged.bytes.size() >= 51 && std::memcmp(forged.bytes.data() + 21, "self", 4) == 0, "key layout");
+      forged.bytes[43] ^= 0x55;
+      Status f = e.comm.put(0, data.data(), data.size(), forged, 200).wait();
+      HMC_EXPECT(f.code() == ErrorCode::kInvalidArgument, "forged self key: " + f.to_string());
+    }
+    // The region is gone (its MemoryRegion destroyed), its memory still here: nothing lands.
+    std::fill(region.begin(), region.end(), 0xEE);
+    Status stale = e.comm.put(0, data.data(), data.size(), key, 0).wait();
+    HMC_EXPECT(stale.code() == ErrorCode::kInvalidArgument, "stale self key: " + stale.to_string());
+    HMC_EXPECT(stale.message().find("no longer registered") != std::string::npos, stale.message());
+    HMC_EXPECT(std::all_of(region.begin(), region.end(), [](uint8_t b) { return b == 0xEE; }), "a stale key wrote");
     return 0;
   });
   INFO(test::describe(exits));
