@@ -1,17 +1,18 @@
 // Collectives on a Communicator: every one non-blocking (returns a Request); blocking
 // forms are `op(...).wait()`. One exception: where every rank has a vendor collective
 // library (HMC_CCL=auto), the first call that could go to it first agrees with the other
-// ranks on it, a small exchange that blocks the caller (up to HMC_TIMEOUT). Buffers may live on any device HMC knows. In place is
-// send == recv, except where a rank's own block sits inside a larger buffer:
-// all_gather: send == recv + rank * count elements; gather (root): send == recv + root *
-// count; reduce_scatter: recv == send + rank * recv_count; scatter (root): recv == send +
-// root * count (docs/collectives.md). count 0 is a no-op that still completes. Every rank
-// must call the same collectives in the same order with matching arguments;
-// CollOptions::check verifies that at a small cost. Collectives on one communicator may
-// be in flight together; destroy a communicator only after its collectives finished.
-// abort() fails those on HMC's own paths at once; one still waiting for its stream, or
-// handed to a vendor library, ends later (its stream's work, HMC_TIMEOUT) and must end
-// before the communicator goes.
+// ranks on it, a small exchange that blocks the caller (up to HMC_TIMEOUT). Buffers are
+// host memory or device memory from Context::alloc (device memory allocated elsewhere is
+// taken for host memory: context.h). In place is send == recv, except where a rank's own
+// block sits inside a larger buffer: all_gather: send == recv + rank * count elements;
+// gather (root): send == recv + root * count; reduce_scatter: recv == send + rank *
+// recv_count; scatter (root): recv == send + root * count (docs/collectives.md). count 0
+// is a no-op that still completes. Every rank must call the same collectives in the same
+// order with matching arguments; CollOptions::check verifies that at a small cost.
+// Collectives on one communicator may be in flight together; destroy a communicator only
+// after its collectives finished. abort() fails those on HMC's own paths at once; one
+// still waiting for its stream, or handed to a vendor library, ends later (its stream's
+// work, HMC_TIMEOUT) and must end before the communicator goes.
 #pragma once
 
 #include <chrono>

@@ -66,7 +66,10 @@ class Context {
   std::vector<DeviceInfo> devices() const;
   std::vector<ConfigEntry> config() const;
 
-  // Device-agnostic memory: allocate on any device of any provider.
+  // Device-agnostic memory: allocate on any device of any provider. HMC knows device
+  // memory by these allocations: a device pointer it did not allocate (an application's
+  // own cudaMalloc) is taken for host memory, and a copy or send from it faults. Host
+  // memory may come from anywhere.
   Result<Memory> alloc(const DeviceId& device, std::size_t bytes,
                        AllocKind kind = AllocKind::kDefault);
   // Copy between any two pointers HMC knows (allocated here or plain host memory).
