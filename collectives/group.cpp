@@ -18,6 +18,10 @@ Group& Group::send(const void* buf, std::size_t count, DataType dtype, int peer)
     if (error_.ok()) error_ = s;
     return *this;
   }
+  if (count > SIZE_MAX / dtype_size(dtype)) {
+    if (error_.ok()) error_ = {ErrorCode::kInvalidArgument, "send of " + std::to_string(count) + " elements overflows size_t"};
+    return *this;
+  }
   items_.push_back({true, const_cast<void*>(buf), count * dtype_size(dtype), peer});
   return *this;
 }
@@ -25,6 +29,10 @@ Group& Group::send(const void* buf, std::size_t count, DataType dtype, int peer)
 Group& Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
   if (Status s = coll::check_dtype(dtype); !s.ok()) {
     if (error_.ok()) error_ = s;
+    return *this;
+  }
+  if (count > SIZE_MAX / dtype_size(dtype)) {
+    if (error_.ok()) error_ = {ErrorCode::kInvalidArgument, "recv of " + std::to_string(count) + " elements overflows size_t"};
     return *this;
   }
   items_.push_back({false, buf, count * dtype_size(dtype), peer});

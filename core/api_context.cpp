@@ -114,7 +114,12 @@ Result<UniqueId> UniqueId::parse(const std::string& text) {
   std::string hex = text.substr(last + 1);
   UniqueId id;
   id.root = text.substr(5, last - 5);
-  if (id.root.find(':') == std::string::npos) return bad("no port");
+  const auto colon = id.root.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad("no host and port");
+  const std::string port = id.root.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) == 0 || std::stoul(port) > 65535)
+    return bad("the port is not a number from 1 to 65535");
   if (hex.size() != 32) return bad("secret must be 32 hex digits");
   for (std::size_t i = 0; i < 16; ++i) {
     unsigned v = 0;

@@ -10,9 +10,19 @@ constexpr std::array<std::size_t, kNumDataTypes> kTypeSizes = {1, 1, 4, 4, 8, 8,
 constexpr std::array<const char*, kNumReduceOps> kOpNames = {"sum", "prod", "min", "max", "avg"};
 }  // namespace
 
-std::size_t dtype_size(DataType t) { return kTypeSizes[static_cast<int>(t)]; }
-const char* dtype_name(DataType t) { return kTypeNames[static_cast<int>(t)]; }
-const char* op_name(ReduceOp op) { return kOpNames[static_cast<int>(op)]; }
+// Out of range (a cast from an integer): 0 bytes and "?", which every argument check refuses.
+std::size_t dtype_size(DataType t) {
+  const auto i = static_cast<std::size_t>(t);
+  return i < kTypeSizes.size() ? kTypeSizes[i] : 0;
+}
+const char* dtype_name(DataType t) {
+  const auto i = static_cast<std::size_t>(t);
+  return i < kTypeNames.size() ? kTypeNames[i] : "?";
+}
+const char* op_name(ReduceOp op) {
+  const auto i = static_cast<std::size_t>(op);
+  return i < kOpNames.size() ? kOpNames[i] : "?";
+}
 
 std::optional<DataType> parse_dtype(std::string_view s) {
   for (int i = 0; i < kNumDataTypes; ++i)

@@ -38,8 +38,9 @@ struct CollOptions {
   std::string algorithm;
   // Verify that all ranks called the same collective with the same count, dtype, op,
   // root and algorithm (and matching all_to_all_v counts) before any data moves, at the
-  // cost of one small exchange; a mismatch fails every rank with kMismatch. Default:
-  // HMC_COLL_CHECK.
+  // cost of one small exchange; a mismatch fails every rank with kMismatch. A rank whose
+  // own arguments are invalid fails alone at once, before the exchange; the others then
+  // wait in it until HMC_TIMEOUT. Default: HMC_COLL_CHECK.
   std::optional<bool> check;
   // A stream of the buffers' device provider (a cudaStream_t for cuda), or null. With a
   // stream the collective starts after the work queued on it before the call, and work

@@ -131,7 +131,8 @@ class Communicator {
   // the whole put); elsewhere it proceeds in the background.
   Request put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
               uint64_t offset, std::optional<uint64_t> notify = std::nullopt);
-  // Waits for the next notification from `peer` (in the order they were sent).
+  // Waits for the next notification from `peer` (in the order they were sent). After
+  // finalize() or abort() it fails at once, notifications not yet taken included.
   Result<uint64_t> wait_notify(int peer, std::chrono::milliseconds timeout);
   Result<uint64_t> wait_notify(int peer);
 

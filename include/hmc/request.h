@@ -34,7 +34,8 @@ class Request {
   // operation may still end in kTimeout, e.g. a delegated collective past
   // HMC_TIMEOUT). Ok while pending.
   Status status() const;
-  // Bytes moved (for a receive: the size of the message received).
+  // Bytes moved (for a receive: the size of the message received); read it once
+  // test() returned true or wait() returned.
   std::size_t bytes() const;
   bool valid() const { return op_ != nullptr; }
 
@@ -42,7 +43,8 @@ class Request {
   std::shared_ptr<core::Operation> op_;
 };
 
-// Waits for all, returns the first failure (all are waited for anyway).
+// Waits for all, returns the first failure (all are waited for anyway). Each wait
+// has its own HMC_TIMEOUT, so n stuck requests take up to n times that.
 Status wait_all(Request* requests, std::size_t n);
 
 }  // namespace hmc

@@ -978,6 +978,7 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
     if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, sum, {"fastest", std::nullopt}), "fastest")) return rc;
     Communicator empty;
     if (int rc = invalid(barrier(empty), "empty")) return rc;
+    if (int rc = invalid(Group(e.comm).send(a.data(), SIZE_MAX / 2, f32, 1 - e.rank).end(), "overflows")) return rc;
     // The calls above still took their sequence numbers on both ranks: this one matches.
     HMC_EXPECT_OK(all_reduce(e.comm, a.data(), a.data(), 16, f32, sum).wait(kWait));
     HMC_EXPECT(a[0] == 2.f, "all_reduce after invalid calls");

@@ -297,6 +297,19 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
   UniqueId id{"127.0.0.1:1", {}};
   REQUIRE(Communicator::create(ctx.value(), id, 3, 2).status().code() == ErrorCode::kInvalidArgument);
   REQUIRE(UniqueId::parse("nonsense").status().code() == ErrorCode::kInvalidArgument);
+  const std::string secret(32, 'a');
+  REQUIRE(UniqueId::parse("hmc1:10.77.0.1:29500:" + secret).ok());
+  REQUIRE(UniqueId::parse("hmc1:[::1]:29500:" + secret).ok());
+  for (const char* root : {"10.77.0.1:http", "10.77.0.1:70000", "10.77.0.1:0", "10.77.0.1:", ":29500"}) {
+    auto bad = UniqueId::parse(std::string("hmc1:") + root + ":" + secret);
+    INFO(root);
+    REQUIRE(bad.status().code() == ErrorCode::kInvalidArgument);
+    CHECK(bad.status().message().find(root) != std::string::npos);
+  }
+  // A dtype or op cast from an integer out of range: names and sizes that every check refuses.
+  CHECK(dtype_size(static_cast<DataType>(99)) == 0);
+  CHECK(std::string(dtype_name(static_cast<DataType>(99))) == "?");
+  CHECK(std::string(op_name(static_cast<ReduceOp>(-1))) == "?");
 }
 
 // The control plane may hear of a peer's end before its connection has handed over all
