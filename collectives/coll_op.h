@@ -72,6 +72,9 @@ class CollOp final : public DriverOp {
   bool finished() const override { return finished_; }
   // The context is going away: fail without touching the communicator again.
   void abandon(Status why) override;
+  bool uses(const void* comm) const override { return comm == &comm_; }
+  // The context stays, and with it the scratch: only the communicator goes.
+  void drop(Status why) override { fail(why); }
 
  private:
   bool post_ready();

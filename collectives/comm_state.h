@@ -13,6 +13,7 @@
 
 namespace hmc::core {
 class CommImpl;
+class ProgressEngine;
 }
 
 namespace hmc::coll {
@@ -28,12 +29,23 @@ struct ShmSeq {
 };
 
 struct CommState {
+  CommState(std::shared_ptr<core::ProgressEngine> engine, const core::CommImpl* comm)
+      : engine_(std::move(engine)), comm_(comm) {}
+  // Destroyed with the communicator: collectives still running on it fail (Driver::drop).
+  ~CommState();
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
+
   CollSettings settings;  // read when the state is made
   std::mutex mu;
   uint64_t next_seq = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
   std::shared_ptr<CclLink> ccl;  // delegation to a vendor library (ccl.h), made on first use
   std::shared_ptr<ShmSeq> shm = std::make_shared<ShmSeq>();
+
+ private:
+  std::shared_ptr<core::ProgressEngine> engine_;
+  const core::CommImpl* comm_;
 };
 
 // Made on first use; lives as long as the communicator.

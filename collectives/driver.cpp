@@ -36,6 +36,23 @@ void Driver::launch(std::unique_ptr<DriverOp> op, std::shared_ptr<core::StreamOr
   }
 }
 
+void Driver::drop(const std::shared_ptr<core::ProgressEngine>& engine, const void* comm, const Status& why) {
+  Driver& d = of(engine);
+  std::lock_guard lock(d.mu_);
+  for (std::size_t i = 0; i < d.ops_.size();) {
+    Entry& e = d.ops_[i];
+    if (!e.op->uses(comm)) {
+      ++i;
+      continue;
+    }
+    e.op->drop(why);
+    if (e.order) e.order->finish();
+    d.ops_.erase(d.ops_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  // Left registered while empty: the next pass takes it off the engine's list (remove()
+  // must not run under mu_, which a pass in flight may be waiting for).
+}
+
 bool Driver::progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;

@@ -1,6 +1,8 @@
 // DriverOp: what collectives/driver.h runs in the progress loop.
 #pragma once
 
+#include <utility>
+
 #include "hmc/status.h"
 
 namespace hmc::coll {
@@ -15,6 +17,10 @@ class DriverOp {
   virtual bool finished() const = 0;
   // The context is going away: fail without touching the communicator again.
   virtual void abandon(Status why) = 0;
+  // Whether it still uses communicator `comm` (a CollOp posts on it until it ends).
+  virtual bool uses(const void* comm) const { (void)comm; return false; }
+  // That communicator is being destroyed: fail without touching it again.
+  virtual void drop(Status why) { abandon(std::move(why)); }
 };
 
 }  // namespace hmc::coll

@@ -1,13 +1,18 @@
 // The per-communicator state of collectives, and its sequence counter.
 #include "collectives/comm_state.h"
+#include "collectives/driver.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
 
 namespace hmc::coll {
 
+CommState::~CommState() {
+  Driver::drop(engine_, comm_, {ErrorCode::kFinalized, "the communicator was destroyed while the collective was pending"});
+}
+
 CommState& comm_state(core::CommImpl& comm) {
   auto state = comm.upper_state([&comm] {
-    auto st = std::make_shared<CommState>();
+    auto st = std::make_shared<CommState>(comm.context().engine(), &comm);
     st->settings = CollSettings::read(comm.context().config());
     return st;
   });

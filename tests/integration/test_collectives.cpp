@@ -895,6 +895,36 @@ TEST_CASE("a split whose exchange timed out keeps its buffers for the late messa
   });
 }
 
+// A collective still in the driver when its communicator is destroyed: after abort() no
+// pass may have run it yet. It must fail, and no later pass may reach the freed
+// communicator (the sanitizer build reports a use after free otherwise).
+TEST_CASE("a collective pending when its communicator is destroyed fails and is never run again", "[collectives][errors]") {
+  auto s = settings();
+  s["HMC_SHM_COLL"] = "0";  // a schedule of messages (CollOp), which posts on the communicator
+  run(2, s, [](RankEnv& e) {
+    auto sub = split(e.ctx, e.comm, 0, 0);
+    HMC_EXPECT(sub.ok(), sub.status().to_string());
+    Communicator mine = std::move(sub.value());  // rank 1 keeps its end open until the end
+    std::vector<int64_t> in(4096, 1), out(4096, 0);
+    if (e.rank == 0) {
+      // Rank 1 never joins: the all_reduce waits for it. abort() fails its messages, and no
+      // pass runs before the communicator goes, so the collective is still in the driver.
+      Request pending = all_reduce(mine, in.data(), out.data(), in.size(), DataType::kInt64, ReduceOp::kSum);
+      HMC_EXPECT(!pending.test(), "an all_reduce without its peer finished");
+      mine.abort();
+      { Communicator gone = std::move(mine); }
+      Status st = pending.wait(kWait);
+      HMC_EXPECT(st.code() == ErrorCode::kFinalized && st.message().find("destroyed") != std::string::npos,
+                 st.to_string());
+    }
+    // Later passes run the other collectives and never the dropped one.
+    int64_t v = 1, sum = 0;
+    HMC_EXPECT_OK(all_reduce(e.comm, &v, &sum, 1, DataType::kInt64, ReduceOp::kSum).wait(kWait));
+    HMC_EXPECT(sum == 2, "sum over the parent after the drop");
+    return 0;
+  });
+}
+
 TEST_CASE("mismatched arguments fail every rank with kMismatch when checked", "[collectives][check]") {
   auto s = settings();
   s["HMC_COLL_CHECK"] = "true";
