@@ -9,10 +9,10 @@
 // recv_count; scatter (root): recv == send + root * count (docs/collectives.md). count 0
 // is a no-op that still completes. Every rank must call the same collectives in the same
 // order with matching arguments; CollOptions::check verifies that at a small cost.
-// Collectives on one communicator may be in flight together; destroy a communicator only
-// after its collectives finished. abort() fails those on HMC's own paths at once; one
-// still waiting for its stream, or handed to a vendor library, ends later (its stream's
-// work, HMC_TIMEOUT) and must end before the communicator goes.
+// Collectives on one communicator may be in flight together. abort() fails those on HMC's
+// own paths as their next step finds it; destroying the communicator fails every one
+// still pending (kFinalized, "destroyed while the collective was pending"), those waiting
+// for their stream or handed to a vendor library included.
 #pragma once
 
 #include <chrono>
