@@ -124,7 +124,7 @@ TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]"
   REQUIRE(key.ok());
   CHECK(key->region_bytes == 100);
   CHECK(key->find("self").has_value());
-  CHECK(key->find("self")->size() == 16);
+  CHECK(key->find("self")->size() == 24);  // pid, address, region id
   CHECK_FALSE(key->find("nope").has_value());
   auto packed = reg.pack();
   packed.resize(packed.size() - 3);
