@@ -312,6 +312,17 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
     if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
   }
   if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, send_end * esz, recv, recv_end * esz, "all_to_all_v"));
+  // Two peers writing one stretch of recv would race: their blocks must not overlap.
+  std::vector<int> by_displ;
+  for (int j = 0; j < n; ++j)
+    if (recv_counts[j]) by_displ.push_back(j);
+  std::sort(by_displ.begin(), by_displ.end(), [&](int a, int b) { return recv_displs[a] < recv_displs[b]; });
+  for (std::size_t i = 1; i < by_displ.size(); ++i) {
+    const int prev = by_displ[i - 1], next = by_displ[i];
+    if (recv_displs[next] < recv_displs[prev] + recv_counts[prev])
+      HMC_COLL_REQUIRE(kKind, Status(ErrorCode::kInvalidArgument, "the receive blocks of ranks " + std::to_string(prev) +
+                                                                      " and " + std::to_string(next) + " overlap"));
+  }
   c.dtype = dtype;
   c.algo_bytes = sent * esz / n;
   c.result_bytes = got * esz;

@@ -868,7 +868,8 @@ TEST_CASE("split builds sub-communicators ordered by key", "[collectives][split]
   });
 }
 
-// Rank 0's split times out before rank 1 even starts; rank 1's exchange then completes
+// Rank 0's split times out before rank 1 starts it (rank 0 says so on another tag); rank
+// 1's exchange then completes
 // rank 0's, which is still posted, while rank 0 waits for something else. Its buffers must
 // still be there (the sanitizer build reports a write into freed memory otherwise).
 TEST_CASE("a split whose exchange timed out keeps its buffers for the late messages", "[collectives][split][errors]") {
@@ -881,10 +882,13 @@ TEST_CASE("a split whose exchange timed out keeps its buffers for the late messa
       auto sub = split(e.ctx, e.comm, 0, 0);
       HMC_EXPECT(!sub.ok() && sub.status().code() == ErrorCode::kTimeout, sub.status().to_string());
       HMC_EXPECT(sub.status().message().find("split") != std::string::npos, sub.status().to_string());
+      int64_t go = 1;
+      HMC_EXPECT_OK(e.comm.isend(&go, sizeof(go), 1, 78).wait(std::chrono::seconds(20)));
       HMC_EXPECT_OK(late.wait(std::chrono::seconds(20)));  // rank 1's split runs meanwhile
       HMC_EXPECT(x == 42, "the message after the late split: " + std::to_string(x));
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      int64_t go = 0;  // rank 0's split has timed out
+      HMC_EXPECT_OK(e.comm.irecv(&go, sizeof(go), 0, 78).wait(std::chrono::seconds(20)));
       // Its exchange meets rank 0's; the id from the leader (rank 0) never comes.
       auto sub = split(e.ctx, e.comm, 0, 0);
       HMC_EXPECT(!sub.ok() && sub.status().code() == ErrorCode::kTimeout, sub.status().to_string());
@@ -905,6 +909,8 @@ TEST_CASE("a collective pending when its communicator is destroyed fails and is 
     auto sub = split(e.ctx, e.comm, 0, 0);
     HMC_EXPECT(sub.ok(), sub.status().to_string());
     Communicator mine = std::move(sub.value());  // rank 1 keeps its end open until the end
+    // Both ends connected before rank 0 tears its end down (else rank 1's set-up may fail).
+    HMC_EXPECT_OK(mine.barrier());
     std::vector<int64_t> in(4096, 1), out(4096, 0);
     if (e.rank == 0) {
       // Rank 1 never joins: the all_reduce waits for it. abort() fails its messages, and no
@@ -1004,6 +1010,8 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
     if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, three, b.data(), two, two, f32), "one entry per rank")) return rc;
     const std::vector<std::size_t> displs{0, 1};
     if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, displs, a.data() + 1, two, displs, f32), "overlap")) return rc;
+    const std::vector<std::size_t> two_each(2, 2), sends_at{0, 2}, clash{0, 1};  // rank 1's block starts inside rank 0's
+    if (int rc = invalid(all_to_all_v(e.comm, a.data(), two_each, sends_at, b.data(), two_each, clash, f32), "ranks 0 and 1 overlap")) return rc;
     if (int rc = invalid(all_to_all(e.comm, a.data(), b.data(), 2, f32, {"ring", std::nullopt}), "no algorithm")) return rc;
     if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, sum, {"fastest", std::nullopt}), "fastest")) return rc;
     Communicator empty;
