@@ -131,8 +131,15 @@ Status Communicator::send(const void* buf, std::size_t bytes, int peer, uint64_t
   return isend(buf, bytes, peer, tag).wait();
 }
 
+// A receive that times out before any message matched it is withdrawn, so the caller may
+// reuse `buf` at once and a later message matches a later receive.
 Status Communicator::recv(void* buf, std::size_t bytes, int peer, uint64_t tag) {
-  return irecv(buf, bytes, peer, tag).wait();
+  if (Status s = check_p2p(impl_.get(), buf, bytes, peer, tag); !s.ok()) return s;
+  auto op = impl_->irecv(buf, bytes, peer, tag);
+  Status s = Request(op).wait();
+  if (s.code() == ErrorCode::kTimeout && impl_->withdraw_recv(peer, op, s))
+    return {ErrorCode::kTimeout, s.message() + "; the receive was withdrawn before any message matched it"};
+  return s;
 }
 
 Result<MemoryRegion> Communicator::register_memory(void* ptr, std::size_t bytes) {

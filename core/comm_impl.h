@@ -64,6 +64,10 @@ class CommImpl : public Progressable {
   // Tags with the top bit set are reserved for collectives (any tag is accepted here).
   std::shared_ptr<Operation> isend(const void* buf, std::size_t bytes, int peer, uint64_t tag);
   std::shared_ptr<Operation> irecv(void* buf, std::size_t bytes, int peer, uint64_t tag);
+  // Takes a receive that no message has matched yet off the peer's posted list and fails
+  // it with `why`: nothing writes into its buffer any more. False where a message already
+  // matched it (its data may still be landing), or it ended.
+  bool withdraw_recv(int peer, const std::shared_ptr<Operation>& op, const Status& why);
   Result<MemoryRegion> register_memory(void* ptr, std::size_t bytes);
   std::shared_ptr<Operation> put(int peer, const void* src, std::size_t bytes, const RemoteKey& key,
                                  uint64_t offset, std::optional<uint64_t> notify);

@@ -200,6 +200,16 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
   return op;
 }
 
+bool CommImpl::withdraw_recv(int peer, const std::shared_ptr<Operation>& op, const Status& why) {
+  std::lock_guard lock(mu_);
+  auto& posted = peers_[peer].posted;
+  auto it = std::find_if(posted.begin(), posted.end(), [&](const RecvOp& r) { return r.op == op; });
+  if (it == posted.end()) return false;
+  posted.erase(it);  // not matched: nothing registered or staged for it yet
+  op->fail(why);
+  return true;
+}
+
 void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size) {
   consumed_eager(p, size);
   if (size != r.bytes) {

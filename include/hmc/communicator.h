@@ -115,9 +115,11 @@ class Communicator {
   // wait: PathInfo::eager_window, credit_wait); an eager send has completed by then.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
-  // Blocking forms: isend/irecv(...).wait(), HMC_TIMEOUT. A kTimeout leaves the
-  // operation posted, as Request::wait does, and `buf` in use until a message ends it
-  // or abort() fails it: keep the buffer alive, or use isend/irecv to hold the Request.
+  // Blocking forms: isend/irecv(...).wait(), HMC_TIMEOUT. A recv that times out before
+  // any message matched it is withdrawn: `buf` is free at once and the next message
+  // matches a later receive. Otherwise (a send, or a receive whose rendezvous is under
+  // way) kTimeout leaves the operation posted, as Request::wait does, and `buf` in use
+  // until it ends or abort() fails it.
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status recv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
 

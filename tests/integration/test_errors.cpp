@@ -72,6 +72,32 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
   REQUIRE(test::all_ok(exits));
 }
 
+// Without the withdrawal the late message would match the timed-out receive first and land
+// in its buffer, which the caller took back when recv returned.
+TEST_CASE("a blocking receive that times out unmatched is withdrawn", "[errors][p2p]") {
+  auto settings = fast();
+  settings["HMC_TIMEOUT"] = "500ms";
+  auto exits = test::run_ranks(2, settings, [](RankEnv& e) {
+    if (e.rank == 1) {
+      int64_t first = 0, second = 0, go = 1;
+      Status s = e.comm.recv(&first, sizeof(first), 0, 5);
+      HMC_EXPECT(s.code() == ErrorCode::kTimeout, s.to_string());
+      HMC_EXPECT(s.message().find("withdrawn") != std::string::npos, s.message());
+      Request next = e.comm.irecv(&second, sizeof(second), 0, 5);
+      HMC_EXPECT_OK(e.comm.isend(&go, sizeof(go), 0, 6).wait(std::chrono::seconds(20)));  // now send
+      HMC_EXPECT_OK(next.wait(std::chrono::seconds(20)));
+      HMC_EXPECT(second == 42 && first == 0, "first " + std::to_string(first) + ", second " + std::to_string(second));
+    } else {
+      int64_t go = 0, value = 42;
+      HMC_EXPECT_OK(e.comm.irecv(&go, sizeof(go), 1, 6).wait(std::chrono::seconds(20)));
+      HMC_EXPECT_OK(e.comm.isend(&value, sizeof(value), 1, 5).wait(std::chrono::seconds(20)));
+    }
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 TEST_CASE("a put to this rank writes only into a region still registered", "[errors][put]") {
   auto exits = test::run_ranks(1, fast(), [](RankEnv& e) {
     std::vector<uint8_t> region(4096, 0xEE), data(100, 7);
