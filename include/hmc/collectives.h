@@ -30,9 +30,8 @@ namespace hmc {
 struct CollOptions {
   // Overrides HMC_ALGO for this call: "ring", "rd" (recursive doubling; recursive
   // halving for reduce_scatter, which takes "rhd" as the same), "rhd" (Rabenseifner
-  // all_reduce), "tree" (binomial),
-  // "pairwise" / "linear" (all_to_all), "linear" (gather, scatter), "dissemination"
-  // (barrier), "" = choose by size and rank count. A name the collective has no
+  // all_reduce), "tree" (binomial), "pairwise" / "linear" (all_to_all), "linear"
+  // (gather, scatter), "dissemination" (barrier), "" = choose by size and rank count. A name the collective has no
   // algorithm for is kInvalidArgument; all_gather's and reduce_scatter's "rd" (and "rhd")
   // run as "ring" where the rank count is not a power of two.
   std::string algorithm;
