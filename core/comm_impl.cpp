@@ -391,6 +391,8 @@ Status CommImpl::finalize() {
   bool unregister = false;
   {
     std::lock_guard lock(mu_);
+    // abort() from another thread ended the barrier and did the closing: it stays aborted.
+    if (state_.load() == 2) return {ErrorCode::kAborted, "communicator was aborted during finalize()"};
     state_ = 1;
     fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
     if (segments_) segments_->fail({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});

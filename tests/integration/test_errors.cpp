@@ -98,6 +98,32 @@ TEST_CASE("a blocking receive that times out unmatched is withdrawn", "[errors][
   REQUIRE(test::all_ok(exits));
 }
 
+TEST_CASE("abort during finalize leaves the communicator aborted", "[errors]") {
+  auto exits = test::run_ranks(2, fast(), [](RankEnv& e) {
+    if (e.rank == 0) {
+      // Rank 1 never finalizes: the barrier waits until abort() ends it.
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        e.comm.abort();
+      });
+      Status s = e.comm.finalize();
+      aborter.join();
+      HMC_EXPECT(s.code() == ErrorCode::kAborted, s.to_string());
+      uint8_t b = 0;
+      Status after = e.comm.isend(&b, 1, 1, 1).wait();
+      HMC_EXPECT(after.code() == ErrorCode::kAborted, "after abort during finalize: " + after.to_string());
+    } else {
+      uint8_t b = 0;  // ends when rank 0 aborts
+      Status s = e.comm.recv(&b, 1, 0, 9);
+      HMC_EXPECT(!s.ok(), "a receive from an aborted rank succeeded");
+      e.comm.abort();
+    }
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 TEST_CASE("a put to this rank writes only into a region still registered", "[errors][put]") {
   auto exits = test::run_ranks(1, fast(), [](RankEnv& e) {
     std::vector<uint8_t> region(4096, 0xEE), data(100, 7);
