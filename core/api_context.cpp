@@ -20,15 +20,29 @@ Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;
 Context::~Context() = default;
 
-std::vector<ProviderInfo> Context::providers() const { return impl_->registry().report(); }
-std::vector<DeviceInfo> Context::devices() const { return impl_->devices(); }
-std::vector<ConfigEntry> Context::config() const { return impl_->config().entries(); }
+namespace {
+Status empty_context() { return {ErrorCode::kInvalidArgument, "context is empty (moved from)"}; }
+}  // namespace
+
+std::vector<ProviderInfo> Context::providers() const {
+  return impl_ ? impl_->registry().report() : std::vector<ProviderInfo>{};
+}
+std::vector<DeviceInfo> Context::devices() const { return impl_ ? impl_->devices() : std::vector<DeviceInfo>{}; }
+std::vector<ConfigEntry> Context::config() const {
+  return impl_ ? impl_->config().entries() : std::vector<ConfigEntry>{};
+}
 Result<Memory> Context::alloc(const DeviceId& device, std::size_t bytes, AllocKind kind) {
+  if (!impl_) return empty_context();
   return impl_->alloc(device, bytes, kind);
 }
-Status Context::copy(void* dst, const void* src, std::size_t bytes) { return impl_->copy(dst, src, bytes); }
-DeviceId Context::device_of(const void* ptr) const { return impl_->device_of(ptr); }
-Result<UniqueId> Context::create_unique_id() { return impl_->create_unique_id(); }
+Status Context::copy(void* dst, const void* src, std::size_t bytes) {
+  return impl_ ? impl_->copy(dst, src, bytes) : empty_context();
+}
+DeviceId Context::device_of(const void* ptr) const { return impl_ ? impl_->device_of(ptr) : DeviceId{}; }
+Result<UniqueId> Context::create_unique_id() {
+  if (!impl_) return empty_context();
+  return impl_->create_unique_id();
+}
 
 Memory& Memory::operator=(Memory&& o) noexcept {
   if (this != &o) {

@@ -62,6 +62,10 @@ class Context {
   Context& operator=(Context&&) noexcept;
   ~Context();
 
+  // False once moved from: every call then fails with kInvalidArgument (or answers
+  // empty), as do Communicator::create, from_env, Stream::create and split on it.
+  bool valid() const { return impl_ != nullptr; }
+
   std::vector<ProviderInfo> providers() const;
   std::vector<DeviceInfo> devices() const;
   std::vector<ConfigEntry> config() const;

@@ -6,7 +6,9 @@
 #include "core/config.h"
 #include "core/plugin_registry.h"
 #include "core/progress.h"
+#include "hmc/communicator.h"
 #include "hmc/context.h"
+#include "hmc/stream.h"
 #include "hmc/provider/net.h"
 
 using namespace hmc;
@@ -128,6 +130,30 @@ TEST_CASE("a context without the cpu provider says why it has none", "[loader][c
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == ErrorCode::kUnavailable);
   CHECK_THAT(refused.status().message(), Catch::Contains("HMC_CPU_SIMD") && Catch::Contains("avx9000"));
+}
+
+TEST_CASE("a moved-from context refuses calls instead of dereferencing nothing", "[loader]") {
+  auto made = Context::create();
+  REQUIRE(made.ok());
+  Context moved_from = std::move(made.value());
+  Context live = std::move(moved_from);
+  CHECK(live.valid());
+  CHECK_FALSE(moved_from.valid());
+  CHECK(moved_from.providers().empty());
+  CHECK(moved_from.devices().empty());
+  CHECK(moved_from.config().empty());
+  CHECK(moved_from.alloc({"cpu", 0}, 64).status().code() == ErrorCode::kInvalidArgument);
+  char a = 1, b = 0;
+  CHECK(moved_from.copy(&b, &a, 1).code() == ErrorCode::kInvalidArgument);
+  CHECK(moved_from.create_unique_id().status().code() == ErrorCode::kInvalidArgument);
+  auto id = live.create_unique_id();
+  REQUIRE(id.ok());
+  auto comm = Communicator::create(moved_from, id.value(), 0, 1);
+  CHECK(comm.status().code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(comm.status().message(), Catch::Contains("moved from"));
+  CHECK(Stream::create(moved_from, {"cpu", 0}).status().code() == ErrorCode::kInvalidArgument);
+  CHECK(live.copy(&b, &a, 1).ok());
+  CHECK(b == 1);
 }
 
 TEST_CASE("HMC_YIELD_EVERY takes 0 (automatic) or a count of polls", "[config]") {
