@@ -62,8 +62,9 @@ class Context {
   Context& operator=(Context&&) noexcept;
   ~Context();
 
-  // False once moved from: every call then fails with kInvalidArgument (or answers
-  // empty), as do Communicator::create, from_env, Stream::create and split on it.
+  // False once moved from: its calls then fail with kInvalidArgument (the lists come back
+  // empty, device_of says cpu:0), as do Communicator::create, from_env, Stream::create
+  // and split on it.
   bool valid() const { return impl_ != nullptr; }
 
   std::vector<ProviderInfo> providers() const;
