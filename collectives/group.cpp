@@ -14,28 +14,24 @@
 namespace hmc {
 
 Group& Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
-  if (Status s = coll::check_dtype(dtype); !s.ok()) {
-    if (error_.ok()) error_ = s;
-    return *this;
-  }
-  if (count > SIZE_MAX / dtype_size(dtype)) {
-    if (error_.ok()) error_ = {ErrorCode::kInvalidArgument, "send of " + std::to_string(count) + " elements overflows size_t"};
-    return *this;
-  }
-  items_.push_back({true, const_cast<void*>(buf), count * dtype_size(dtype), peer});
-  return *this;
+  return add(true, const_cast<void*>(buf), count, dtype, peer);
 }
 
 Group& Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
-  if (Status s = coll::check_dtype(dtype); !s.ok()) {
-    if (error_.ok()) error_ = s;
+  return add(false, buf, count, dtype, peer);
+}
+
+// The first bad argument is kept for end() to report; the calls chain on regardless.
+Group& Group::add(bool is_send, void* buf, std::size_t count, DataType dtype, int peer) {
+  Status bad = coll::check_dtype(dtype);
+  if (bad.ok() && count > SIZE_MAX / dtype_size(dtype))
+    bad = {ErrorCode::kInvalidArgument,
+           std::string(is_send ? "send" : "recv") + " of " + std::to_string(count) + " elements overflows size_t"};
+  if (!bad.ok()) {
+    if (error_.ok()) error_ = std::move(bad);
     return *this;
   }
-  if (count > SIZE_MAX / dtype_size(dtype)) {
-    if (error_.ok()) error_ = {ErrorCode::kInvalidArgument, "recv of " + std::to_string(count) + " elements overflows size_t"};
-    return *this;
-  }
-  items_.push_back({false, buf, count * dtype_size(dtype), peer});
+  items_.push_back({is_send, buf, count * dtype_size(dtype), peer});
   return *this;
 }
 

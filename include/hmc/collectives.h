@@ -95,6 +95,7 @@ class Group {
     std::size_t bytes;
     int peer;
   };
+  Group& add(bool is_send, void* buf, std::size_t count, DataType dtype, int peer);
   Communicator& comm_;
   std::vector<Item> items_;
   Status error_;  // the first bad argument, reported by end()
