@@ -83,9 +83,14 @@ std::string check_device_table(const hmc_device_provider_t* t) {
     if (!t->flag_alloc || !t->flag_free || !t->stream_wait_flag) return "capability stream_flags set but its functions are NULL";
   }
   if (t->caps & HMC_DEV_CAP_HOST_REGISTER) {
-    if (t->struct_size < sizeof(hmc_device_provider_t))
+    if (t->struct_size < offsetof(hmc_device_provider_t, host_unregister) + sizeof(t->host_unregister))
       return "capability host_register set but the table is too short to hold its functions";
     if (!t->host_register || !t->host_unregister) return "capability host_register set but its functions are NULL";
+  }
+  if (t->caps & HMC_DEV_CAP_MEM_QUERY) {
+    if (t->struct_size < offsetof(hmc_device_provider_t, mem_query) + sizeof(t->mem_query))
+      return "capability mem_query set but the table is too short to hold it";
+    if (!t->mem_query) return "capability mem_query set but mem_query is NULL";
   }
   return {};
 }
@@ -130,7 +135,8 @@ std::vector<std::string> device_cap_names(uint64_t caps) {
       {HMC_DEV_CAP_SHAREABLE, "shareable"},   {HMC_DEV_CAP_STREAMS, "streams"},
       {HMC_DEV_CAP_REDUCE, "reduce"},         {HMC_DEV_CAP_IPC, "ipc"},
       {HMC_DEV_CAP_DMABUF, "dmabuf"},         {HMC_DEV_CAP_PEER_ACCESS, "peer_access"},
-      {HMC_DEV_CAP_STREAM_FLAGS, "stream_flags"}, {HMC_DEV_CAP_HOST_REGISTER, "host_register"}};
+      {HMC_DEV_CAP_STREAM_FLAGS, "stream_flags"}, {HMC_DEV_CAP_HOST_REGISTER, "host_register"},
+      {HMC_DEV_CAP_MEM_QUERY, "mem_query"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);

@@ -316,6 +316,7 @@ constexpr hmc_device_provider_t kProvider = {
     .stream_wait_flag = nullptr,
     .host_register = nullptr,
     .host_unregister = nullptr,
+    .mem_query = nullptr,  // host memory is all it has
 };
 
 }  // namespace

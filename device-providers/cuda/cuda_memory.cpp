@@ -102,6 +102,52 @@ int host_unregister(void* state, void* ptr) {
   return err == cudaSuccess ? HMC_PROV_OK : fail_cuda(err, "host_unregister", "cudaHostUnregister");
 }
 
+// Memory the host did not allocate: an application's cudaMalloc, a framework's pool.
+// cuPointerGetAttributes, which needs no current context and creates none (the runtime's
+// cudaPointerGetAttributes may initialise a primary context). The plural query answers
+// CUDA_SUCCESS for an address CUDA does not know, leaving every attribute zero: memory
+// type 0, so such an address is "not device memory". Managed memory reports the device
+// type too; the CPU reaches it, so it is not ours to move. Driver ordinals are the
+// runtime's, which number this provider's devices. The range is the allocation's
+// (cuMemGetAddressRange's, which would need a context); for cuMem* memory it is the
+// whole cuMemAddressReserve reservation, mapped or not.
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes) {
+  const auto* s = static_cast<const State*>(state);
+  if (device == nullptr || base == nullptr || bytes == nullptr) {
+    return fail(HMC_PROV_ERR_INVALID, "mem_query: null output pointer");
+  }
+  if (ptr == nullptr) return 1;
+  const auto at = reinterpret_cast<CUdeviceptr>(ptr);
+  // Most asks are about host memory: the type alone first, which costs half as much as
+  // asking for all five attributes (34 against 74 ns on an H200 host without a context,
+  // 94-108 against 140-151 with one).
+  unsigned int type = 0;
+  uint32_t managed = 0;
+  CUpointer_attribute kind[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* kind_data[] = {&type, &managed};
+  CUresult res = s->drv.pointer_get_attributes(2, kind, kind_data, at);
+  if (res != CUDA_SUCCESS) return fail_cu(s, res, "mem_query", "cuPointerGetAttributes");
+  if (type != CU_MEMORYTYPE_DEVICE || managed != 0) return 1;
+  int ordinal = -1;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUpointer_attribute where[] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* where_data[] = {&ordinal, &start, &size};
+  res = s->drv.pointer_get_attributes(3, where, where_data, at);
+  if (res != CUDA_SUCCESS) return fail_cu(s, res, "mem_query", "cuPointerGetAttributes");
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= s->devices.size() || size == 0) {
+    return fail(HMC_PROV_ERR_INTERNAL,
+                "mem_query: the driver places %p on device %d in [0x%llx, +%zu), which this process "
+                "cannot use (it sees %zu devices)",
+                ptr, ordinal, static_cast<unsigned long long>(start), size, s->devices.size());
+  }
+  *device = ordinal;
+  *base = reinterpret_cast<void*>(start);
+  *bytes = size;
+  return HMC_PROV_OK;
+}
+
 void release_all(State* s) {
   std::map<uintptr_t, Allocation> left;
   std::map<uintptr_t, size_t> registered;

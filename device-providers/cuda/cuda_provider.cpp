@@ -5,10 +5,10 @@
 // and libcuda.so.1 is opened at init, never linked: without a driver or a GPU, init
 // answers HMC_PROV_ERR_UNAVAILABLE ("no CUDA driver: ..." / "no CUDA device: ...").
 // Driver-API calls (cuMemGetAddressRange, cuStreamWaitValue32,
-// cuMemGetHandleForAddressRange, cuDeviceGetAttribute) come from
-// cudaGetDriverEntryPointByVersion.
+// cuMemGetHandleForAddressRange, cuDeviceGetAttribute, cuPointerGetAttributes) come
+// from cudaGetDriverEntryPointByVersion.
 // Capabilities: DEVICE_MEM, PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC, DMABUF,
-// PEER_ACCESS, STREAM_FLAGS.
+// PEER_ACCESS, STREAM_FLAGS, HOST_REGISTER, MEM_QUERY.
 // Behaviour:
 //  - The host never sets a current device: every entry derives it from its pointer
 //    (cudaPointerGetAttributes) or stream (cudaStreamGetDevice), makes it current and
@@ -200,7 +200,8 @@ int open_driver(State* s, int* count, char* reason, size_t reason_len) {
   std::string why;
   if (!resolve("cuGetErrorString", 6000, &s->drv.get_error_string, &why) ||
       !resolve("cuMemGetAddressRange", 3020, &s->drv.mem_get_address_range, &why) ||
-      !resolve("cuDeviceGetAttribute", 2000, &s->drv.device_get_attribute, &why)) {
+      !resolve("cuDeviceGetAttribute", 2000, &s->drv.device_get_attribute, &why) ||
+      !resolve("cuPointerGetAttributes", 7000, &s->drv.pointer_get_attributes, &why)) {
     std::snprintf(reason, reason_len, "no CUDA driver: entry point %s", why.c_str());
     return HMC_PROV_ERR_UNAVAILABLE;
   }
@@ -442,7 +443,8 @@ constexpr hmc_device_provider_t kProvider = {
     .name = "cuda",
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_DMABUF |
-            HMC_DEV_CAP_PEER_ACCESS | HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER,
+            HMC_DEV_CAP_PEER_ACCESS | HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER |
+            HMC_DEV_CAP_MEM_QUERY,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -473,6 +475,7 @@ constexpr hmc_device_provider_t kProvider = {
     .stream_wait_flag = stream_wait_flag,
     .host_register = host_register,
     .host_unregister = host_unregister,
+    .mem_query = mem_query,
 };
 
 }  // namespace

@@ -27,6 +27,7 @@ struct Driver {
   PFN_cuStreamWaitValue32_v11070 stream_wait_value32 = nullptr;             // optional
   PFN_cuMemGetHandleForAddressRange_v11070 mem_get_handle_for_range = nullptr;  // optional
   PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuPointerGetAttributes_v7000 pointer_get_attributes = nullptr;
 };
 
 struct Device {
@@ -139,6 +140,7 @@ int mem_free(void* state, int device, void* ptr);
 int copy(void* state, void* dst, const void* src, size_t bytes, void* stream);
 int host_register(void* state, void* ptr, size_t bytes);
 int host_unregister(void* state, void* ptr);
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes);
 void release_all(State* s);
 
 int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,

@@ -555,7 +555,7 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         // Mandatory entries, then every capability bit against the functions it promises.
         CHECK((p->init && p->fini && p->last_error && p->device_count && p->device_info &&
                p->mem_alloc && p->mem_free && p->copy));
-        constexpr uint64_t kKnown = (HMC_DEV_CAP_HOST_REGISTER << 1) - 1;
+        constexpr uint64_t kKnown = (HMC_DEV_CAP_MEM_QUERY << 1) - 1;
         CHECK((p->caps & ~kKnown) == 0);
         if (p->caps & HMC_DEV_CAP_STREAMS) {
           CHECK((p->stream_create && p->stream_destroy && p->stream_query && p->event_create &&
@@ -579,6 +579,11 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
           INFO("HOST_REGISTER is set, so the table must include host_register/host_unregister");
           REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, host_unregister) + sizeof(void*));
           CHECK((p->host_register && p->host_unregister));
+        }
+        if (p->caps & HMC_DEV_CAP_MEM_QUERY) {  // appended after host registration
+          INFO("MEM_QUERY is set, so the table must include mem_query");
+          REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, mem_query) + sizeof(void*));
+          CHECK(p->mem_query != nullptr);
         }
         // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
         CHECK((p->num_params == 0 || p->params != nullptr));
@@ -1228,6 +1233,76 @@ TEST_CASE("registered host memory copies both ways and unregisters cleanly", "[c
     CHECK(s.p->host_register(s.state, heap, 0) < 0);
     munmap(shared, n);
     std::free(heap);
+  });
+}
+
+TEST_CASE("mem_query knows device memory and nothing else", "[conformance][mem_query]") {
+  for_each_plugin([](Session& s) {
+    if (!s.has(HMC_DEV_CAP_MEM_QUERY)) {
+      WARN(s.p->name << " has no MEM_QUERY capability: skipped");
+      return;
+    }
+    struct Answer {
+      int rc = -100;
+      int device = -1;
+      uintptr_t base = 0;
+      size_t bytes = 0;
+    };
+    auto query = [&](const void* p) {
+      Answer a;
+      void* base = nullptr;
+      a.rc = s.p->mem_query(s.state, p, &a.device, &base, &a.bytes);
+      a.base = reinterpret_cast<uintptr_t>(base);
+      INFO("mem_query(" << p << "): " << a.rc << " " << (a.rc < 0 ? s.error() : ""));
+      CHECK((a.rc == 0 || a.rc == 1));
+      return a;
+    };
+    // Host memory of every kind is not device memory: the heap, a large (mmap'd)
+    // malloc, the stack, NULL and pinned host memory.
+    void* small = std::malloc(64);
+    void* large = std::malloc(8 << 20);
+    REQUIRE((small != nullptr && large != nullptr));
+    int on_stack = 0;
+    const void* const host[] = {small, large, &on_stack, nullptr};
+    for (const void* p : host) CHECK(query(p).rc == 1);
+    std::free(small);
+    std::free(large);
+    if (s.has(HMC_DEV_CAP_PINNED_HOST)) {
+      void* pinned = nullptr;
+      REQUIRE(s.p->mem_alloc(s.state, 0, 1 << 20, HMC_ALLOC_PINNED_HOST, &pinned) == 0);
+      CHECK(query(static_cast<char*>(pinned) + 4096).rc == 1);
+      CHECK(s.p->mem_free(s.state, 0, pinned) == 0);
+    }
+    if (!s.has(HMC_DEV_CAP_DEVICE_MEM)) return;
+    int count = 0;
+    REQUIRE(s.p->device_count(s.state, &count) == 0);
+    constexpr size_t kSize = 1 << 20;
+    for (int d = 0; d < count; ++d) {
+      hmc_device_info_t info{};
+      info.struct_size = sizeof(info);
+      REQUIRE(s.p->device_info(s.state, d, &info) == 0);
+      void* ptr = nullptr;
+      REQUIRE(s.p->mem_alloc(s.state, d, kSize, HMC_ALLOC_DEVICE, &ptr) == 0);
+      const auto start = reinterpret_cast<uintptr_t>(ptr);
+      INFO("device " << d << ", block [" << ptr << ", +" << kSize << ")");
+      const Answer in = query(static_cast<char*>(ptr) + 4096);
+      if (info.mem_kind == HMC_MEM_HOST) {  // the CPU reaches this device's memory
+        CHECK(in.rc == 1);
+      } else {
+        CHECK(in.rc == 0);
+        CHECK(in.device == d);
+        CHECK(in.base <= start);
+        CHECK(in.base + in.bytes >= start + kSize);
+      }
+      CHECK(s.p->mem_free(s.state, d, ptr) == 0);
+      // The host may ask about a stale pointer. A driver may still hold the range (a
+      // pool), but nothing was allocated since, so a provider that reported the block
+      // itself must not report that freed block again.
+      const Answer freed = query(static_cast<char*>(ptr) + 4096);
+      if (in.rc == 0 && freed.rc == 0 && in.base == start && in.bytes < 2 * kSize) {
+        CHECK_FALSE((freed.base == in.base && freed.bytes == in.bytes));
+      }
+    }
   });
 }
 

@@ -6,6 +6,7 @@
 // fit) and a memfd of its own, mapped read-write elsewhere. Only translate() turns a
 // device pointer into its shadow, so the CPU touching a device pointer faults, and a
 // syscall given one (send, process_vm_writev) fails with EFAULT.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -86,6 +87,32 @@ int alloc_device(State* s, int device, size_t bytes, void** ptr) {
   return HMC_PROV_OK;
 }
 
+std::shared_mutex g_instances_mu;  // guards g_instances
+std::vector<State*> g_instances;   // see add_instance
+
+// The live allocation holding byte `addr`, or allocs.end(); the caller holds mem_mu.
+std::map<uintptr_t, Allocation>::const_iterator holding(const State* s, uintptr_t addr) {
+  auto it = s->allocs.upper_bound(addr);
+  if (it == s->allocs.begin()) return s->allocs.end();
+  --it;
+  return addr - it->first < it->second.bytes ? it : s->allocs.end();
+}
+
+// Translates device memory of `s`, its owner.
+int translate_device(State* s, const char* what, const void* p, size_t bytes, View* out) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::shared_lock lock(s->mem_mu);
+  const auto it = holding(s, addr);
+  if (it != s->allocs.end() && bytes <= it->second.bytes - (addr - it->first)) {
+    out->host = it->second.shadow->host + (addr - it->first);
+    out->keep = it->second.shadow;
+    return HMC_PROV_OK;
+  }
+  return fail(HMC_PROV_ERR_INVALID,
+              "%s: [%p, +%zu) is device memory outside any live allocation (freed, never "
+              "allocated, or past the end of one)", what, p, bytes);
+}
+
 int alloc_pinned(State* s, size_t bytes, void** ptr) {
   const size_t length = page_round(bytes);
   void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -141,27 +168,26 @@ int window_of(const State* s, const void* p) {
   return static_cast<int>((a - lo) / s->memory);
 }
 
+void add_instance(State* s) {
+  std::unique_lock lock(g_instances_mu);
+  g_instances.push_back(s);
+}
+
+void remove_instance(State* s) {
+  std::unique_lock lock(g_instances_mu);
+  g_instances.erase(std::find(g_instances.begin(), g_instances.end(), s));
+}
+
 int translate(State* s, const char* what, const void* p, size_t bytes, View* out) {
-  if (window_of(s, p) < 0) {  // host memory (pinned or not): the CPU's own
-    out->host = static_cast<char*>(const_cast<void*>(p));
-    out->keep.reset();
-    return HMC_PROV_OK;
+  if (window_of(s, p) >= 0) return translate_device(s, what, p, bytes, out);
+  std::shared_lock lock(g_instances_mu);
+  for (State* owner : g_instances) {
+    if (owner != s && window_of(owner, p) >= 0) return translate_device(owner, what, p, bytes, out);
   }
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::shared_lock lock(s->mem_mu);
-  auto it = s->allocs.upper_bound(addr);
-  if (it != s->allocs.begin()) {
-    --it;
-    const size_t offset = addr - it->first;
-    if (offset < it->second.bytes && bytes <= it->second.bytes - offset) {
-      out->host = it->second.shadow->host + offset;
-      out->keep = it->second.shadow;
-      return HMC_PROV_OK;
-    }
-  }
-  return fail(HMC_PROV_ERR_INVALID,
-              "%s: [%p, +%zu) is device memory outside any live allocation (freed, never "
-              "allocated, or past the end of one)", what, p, bytes);
+  // Host memory (pinned or not): the CPU's own.
+  out->host = static_cast<char*>(const_cast<void*>(p));
+  out->keep.reset();
+  return HMC_PROV_OK;
 }
 
 int mem_alloc(void* state, int device, size_t bytes, int alloc_kind, void** ptr) {
@@ -244,6 +270,34 @@ int peer_access(void* state, int device, int peer_device, int* can_access) {
   }
   *can_access = 1;
   return HMC_PROV_OK;
+}
+
+// Answers for device memory of every instance of this process, whoever allocated it. An
+// import has no device of its own: its copies queue on device 0 (queue_device), so
+// that is the device it answers.
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes) {
+  const auto* s = static_cast<const State*>(state);
+  if (device == nullptr || base == nullptr || bytes == nullptr) {
+    return fail(HMC_PROV_ERR_INVALID, "mem_query: null output pointer");
+  }
+  std::shared_lock lock(g_instances_mu);
+  for (State* owner : g_instances) {
+    const int w = window_of(owner, ptr);
+    if (w < 0) continue;
+    std::shared_lock mem(owner->mem_mu);
+    const auto it = holding(owner, reinterpret_cast<uintptr_t>(ptr));
+    if (it == owner->allocs.end()) return 1;  // device address space nobody holds now
+    const int d = w == owner->devices ? 0 : w;
+    if (d >= s->devices) {
+      return fail(HMC_PROV_ERR_INVALID, "mem_query: %p is on device %d of another instance; this one has %d",
+                  ptr, d, s->devices);
+    }
+    *device = d;
+    *base = reinterpret_cast<void*>(it->first);
+    *bytes = it->second.bytes;
+    return HMC_PROV_OK;
+  }
+  return 1;
 }
 
 size_t release_memory(State* s) {

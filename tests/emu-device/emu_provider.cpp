@@ -4,11 +4,13 @@
 // Hardware: none; any Linux host. HMC_EMU_DEVICES devices (vendor "emu", model "HMC
 // emulated device", HMC_MEM_DEVICE, no PCI id, NUMA -1) of HMC_EMU_MEMORY bytes each.
 // Capabilities: DEVICE_MEM, PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC, PEER_ACCESS,
-// STREAM_FLAGS, HOST_REGISTER (checked and logged: emu_register.cpp). What makes it
+// STREAM_FLAGS, HOST_REGISTER (checked and logged: emu_register.cpp), MEM_QUERY. What makes it
 // useful: device memory the CPU cannot touch. Device pointers lie in PROT_NONE address
 // space; the bytes live in memfd shadows that only this provider's copy, reduce, divide
 // and IPC reach (emu_memory.cpp), so host code that reads, writes, sends or
-// process_vm_writev's a device pointer faults or fails.
+// process_vm_writev's a device pointer faults or fails. A second instance in the same
+// process plays an application's own runtime: each instance's copy, reduce and
+// mem_query reach the other's device memory, as CUDA's do any cudaMalloc.
 // Streams are real: a worker thread each, in order, with an optional delay per
 // operation to expose work that runs too early (emu_stream.cpp).
 // Limits:
@@ -194,6 +196,7 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
     delete s;
     return rc;
   }
+  add_instance(s);
   log(s, HMC_LOG_DEBUG, "%d emulated devices of %llu bytes at %p, stream delay %u us, %u queues (0: per stream)", s->devices,
       static_cast<unsigned long long>(s->memory), s->range, s->delay_us, s->queues);
   *state = s;
@@ -203,6 +206,7 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
 void fini(void* state) {
   auto* s = static_cast<State*>(state);
   if (s == nullptr) return;
+  remove_instance(s);  // first: another instance's copy may be translating our memory
   const Leftovers objects = release_objects(s);
   const size_t registered = release_registrations(s);
   const size_t blocks = release_memory(s);
@@ -252,7 +256,7 @@ constexpr hmc_device_provider_t kProvider = {
     .name = "emu",
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_PEER_ACCESS |
-            HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER,
+            HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER | HMC_DEV_CAP_MEM_QUERY,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -283,6 +287,7 @@ constexpr hmc_device_provider_t kProvider = {
     .stream_wait_flag = stream_wait_flag,
     .host_register = host_register,
     .host_unregister = host_unregister,
+    .mem_query = mem_query,
 };
 
 }  // namespace

@@ -94,8 +94,14 @@ struct View {
 };
 
 // Translates [p, p + bytes); fails with INVALID when p is device address space outside
-// a live allocation or the range runs past the allocation's end.
+// a live allocation or the range runs past the allocation's end. Device memory of
+// another instance of this process translates too, as a GPU copies any allocation of
+// its runtime: that is how tests model an application's own cudaMalloc.
 int translate(State* s, const char* what, const void* p, size_t bytes, View* out);
+// The live instances of this process, which translate and mem_query search: init adds
+// one, fini removes it. The list's lock is taken before any instance's mem_mu.
+void add_instance(State* s);
+void remove_instance(State* s);
 // The device a pointer belongs to: 0..devices-1, devices for imports, -1 for host memory.
 int window_of(const State* s, const void* p);
 size_t page_round(size_t bytes);

@@ -1,10 +1,12 @@
 // Emulated device memory: faults on direct CPU access, copies between every kind of
-// memory (interior pointers included), bounds, devices and foreign handles.
+// memory (interior pointers included), bounds, devices, foreign handles, and which
+// pointers mem_query calls device memory.
 #include <catch2/catch.hpp>
 
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <memory>
 
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -158,4 +160,90 @@ TEST_CASE("malformed parameters fail init with the reason", "[emu][init]") {
   }
   Plugin ok(HMC_EMU_PLUGIN, {{"HMC_EMU_MEMORY", "512MiB"}});
   CHECK(ok.init_rc == HMC_PROV_OK);
+}
+
+TEST_CASE("mem_query knows device memory of every instance and nothing else", "[emu][memory][query]") {
+  Plugin emu(HMC_EMU_PLUGIN);
+  REQUIRE(emu.init_rc == HMC_PROV_OK);
+  REQUIRE((emu.p->caps & HMC_DEV_CAP_MEM_QUERY) != 0);
+  struct Answer {
+    int rc = -100;
+    int device = -1;
+    char* base = nullptr;
+    size_t bytes = 0;
+  };
+  auto query = [&](const void* p) {
+    Answer a;
+    void* base = nullptr;
+    a.rc = emu.p->mem_query(emu.state, p, &a.device, &base, &a.bytes);
+    a.base = static_cast<char*>(base);
+    INFO("mem_query(" << p << "): " << a.rc << " " << (a.rc < 0 ? emu.error() : ""));
+    return a;
+  };
+  constexpr size_t kSize = 1 << 20;
+  char* own = static_cast<char*>(emu.alloc(1, kSize));
+  Answer a = query(own + 12345);
+  CHECK(a.rc == 0);
+  CHECK(a.device == 1);
+  CHECK(a.base == own);
+  CHECK(a.bytes == kSize);
+
+  // An application's own runtime, modelled by a second instance: its memory is device
+  // memory to the first, which copies it too. 3000 bytes: the rest of the page is not.
+  auto app = std::make_unique<Plugin>(HMC_EMU_PLUGIN);
+  REQUIRE(app->init_rc == HMC_PROV_OK);
+  char* theirs = static_cast<char*>(app->alloc(0, 3000));
+  a = query(theirs + 2999);
+  CHECK(a.rc == 0);
+  CHECK(a.device == 0);
+  CHECK(a.base == theirs);
+  CHECK(a.bytes == 3000);
+  CHECK(query(theirs + 3000).rc == 1);
+  const auto data = random_bytes(3000, 7);
+  app->write(theirs, data);
+  CHECK(emu.read(theirs, 3000) == data);
+
+  // Imported memory is device memory too, in the import window.
+  uint8_t handle[HMC_IPC_HANDLE_MAX];
+  size_t handle_len = 0;
+  REQUIRE(emu.p->ipc_export(emu.state, own, kSize, handle, sizeof(handle), &handle_len) == 0);
+  char* imported = nullptr;
+  REQUIRE(emu.p->ipc_import(emu.state, handle, handle_len, reinterpret_cast<void**>(&imported)) == 0);
+  a = query(imported + kSize - 1);
+  CHECK(a.rc == 0);
+  CHECK(a.device == 0);
+  CHECK(a.base == imported);
+  CHECK(a.bytes == kSize);
+  CHECK(emu.p->ipc_close(emu.state, imported) == 0);
+  CHECK(query(imported).rc == 1);
+
+  // Host memory of every kind, and device memory nobody holds, is not.
+  void* pinned = emu.alloc(0, 4096, HMC_ALLOC_PINNED_HOST);
+  std::vector<char> heap(4096);
+  int on_stack = 0;
+  CHECK(query(pinned).rc == 1);
+  CHECK(query(heap.data()).rc == 1);
+  CHECK(query(&on_stack).rc == 1);
+  CHECK(query(nullptr).rc == 1);
+  emu.free(0, pinned);
+  emu.free(1, own);
+  CHECK(query(own + 12345).rc == 1);
+  app->free(0, theirs);
+  CHECK(query(theirs).rc == 1);
+
+  // A device the asking instance has not is an error, and an instance that finished is
+  // gone, memory it still held included (its fini warns about that block).
+  Plugin wide(HMC_EMU_PLUGIN, {{"HMC_EMU_DEVICES", "3"}});
+  REQUIRE(wide.init_rc == HMC_PROV_OK);
+  char* third = static_cast<char*>(wide.alloc(2, 4096));
+  CHECK(query(third).rc == HMC_PROV_ERR_INVALID);
+  CHECK(emu.error().find("device 2") != std::string::npos);
+  theirs = static_cast<char*>(app->alloc(1, 4096));
+  CHECK(query(theirs).rc == 0);
+  app.reset();
+  CHECK(query(theirs).rc == 1);
+  wide.free(2, third);
+  int device = 0;
+  size_t bytes = 0;
+  CHECK(emu.p->mem_query(emu.state, heap.data(), &device, nullptr, &bytes) == HMC_PROV_ERR_INVALID);
 }

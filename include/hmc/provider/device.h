@@ -43,6 +43,7 @@ extern "C" {
 #define HMC_DEV_CAP_PEER_ACCESS (1ull << 7) /* peer_access */
 #define HMC_DEV_CAP_STREAM_FLAGS (1ull << 8) /* flag_alloc/flag_free/stream_wait_flag (appended) */
 #define HMC_DEV_CAP_HOST_REGISTER (1ull << 9) /* host_register/host_unregister (appended) */
+#define HMC_DEV_CAP_MEM_QUERY (1ull << 10)    /* mem_query (appended) */
 
 /* mem_alloc kinds. */
 #define HMC_ALLOC_DEVICE 0
@@ -130,6 +131,20 @@ typedef struct hmc_device_provider {
    * memory is freed or unmapped. */
   int (*host_register)(void* state, void* ptr, size_t bytes);
   int (*host_unregister)(void* state, void* ptr);
+
+  /* Appended: memory the host did not allocate (HMC_DEV_CAP_MEM_QUERY). The host
+   * knows the memory it allocated with mem_alloc; an application passes it others too
+   * (its own cudaMalloc, a framework's pool). For a pointer the host does not know, it
+   * asks: 0 when `ptr` lies in device memory of this provider that the CPU cannot
+   * touch, whoever allocated it, with its device and the allocation holding it
+   * ([*base, *base + *bytes)); 1 when it is not (host memory of any kind, memory the
+   * CPU can also reach, an address nobody allocated); a negative code when the query
+   * itself failed. The host then moves that memory with this provider's copy and
+   * reduce, as its own device memory; it does not export it with ipc_export (another
+   * process gets it through host memory). It asks on every send and receive of memory
+   * it does not know, host memory included, so the answer must be cheap, and asking
+   * must not create a context on any device. */
+  int (*mem_query)(void* state, const void* ptr, int* device, void** base, size_t* bytes);
 } hmc_device_provider_t;
 
 typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
