@@ -122,6 +122,9 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
       if (info.kind == "device" && info.name == "cpu" && !info.reason.empty()) why = info.reason;
     return Status(ErrorCode::kUnavailable, "the cpu device provider is unavailable (" + why + "); host memory needs it");
   }
+  if (ctx->config_.flag("HMC_MEM_QUERY"))
+    for (const auto& p : ctx->registry_->devices())
+      if (p->dev->caps & HMC_DEV_CAP_MEM_QUERY) ctx->queriers_.push_back(p.get());
   ctx->net_alloc_ = pick_net_allocator(*ctx->registry_, ctx->config_);
   if (ctx->net_alloc_)
     HMC_LOG("core", debug, "host memory from Context::alloc comes from {}'s mem_alloc (every pair uses {})",
@@ -224,27 +227,39 @@ const std::pair<const uintptr_t, ContextImpl::Allocation>* ContextImpl::find_all
   return addr + bytes <= it->first + it->second.bytes ? &*it : nullptr;
 }
 
-LoadedProvider* ContextImpl::provider_of(const void* ptr) const {
-  std::lock_guard lock(mu_);
-  const auto* a = find_allocation(ptr, 1);
-  return a ? a->second.provider : registry_->device("cpu");
+ContextImpl::MemInfo ContextImpl::lookup(const void* ptr, std::size_t bytes) const {
+  {
+    std::lock_guard lock(mu_);
+    if (const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1))) {
+      const Allocation& a = found->second;
+      return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes};
+    }
+  }
+  return foreign(ptr);
 }
 
-ContextImpl::MemInfo ContextImpl::mem_info(const void* ptr, std::size_t bytes) const {
-  std::lock_guard lock(mu_);
-  const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1));
-  if (!found) return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0};
-  const Allocation& a = found->second;
-  return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes};
+ContextImpl::MemInfo ContextImpl::foreign(const void* ptr) const {
+  for (LoadedProvider* p : queriers_) {
+    int device = 0;
+    void* base = nullptr;
+    std::size_t bytes = 0;
+    const int rc = p->dev->mem_query(p->state, ptr, &device, &base, &bytes);
+    if (rc == 0) return {p, device, true, 0, AllocKind::kDefault, static_cast<const uint8_t*>(base), bytes};
+    // A failed query leaves the memory to the next provider, and in the end to the host.
+    if (rc < 0) HMC_LOG("core", debug, "{} could not say whether {} is its memory: {}", p->name, ptr, provider_error(*p));
+  }
+  return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0};
 }
+
+LoadedProvider* ContextImpl::provider_of(const void* ptr) const { return lookup(ptr, 1).provider; }
+
+ContextImpl::MemInfo ContextImpl::mem_info(const void* ptr, std::size_t bytes) const { return lookup(ptr, bytes); }
 
 bool ContextImpl::device_mem(const void* ptr, std::size_t bytes) const {
-  // A pointer into device memory comes from an allocation that its caller saw made, so
-  // its count is visible to that thread.
-  if (device_allocs_.load(std::memory_order_relaxed) == 0) return false;
-  std::lock_guard lock(mu_);
-  const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1));
-  return found && found->second.device_mem;
+  // A pointer into device memory HMC allocated comes from an allocation that its caller
+  // saw made, so its count is visible to that thread.
+  if (device_allocs_.load(std::memory_order_relaxed) == 0 && queriers_.empty()) return false;
+  return lookup(ptr, bytes).device_mem;
 }
 
 bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
@@ -253,9 +268,8 @@ bool ContextImpl::owns(const void* ptr, std::size_t bytes) const {
 }
 
 DeviceId ContextImpl::device_of(const void* ptr) const {
-  std::lock_guard lock(mu_);
-  const auto* a = find_allocation(ptr, 1);
-  return a ? DeviceId{a->second.provider->name, a->second.device} : DeviceId{"cpu", 0};
+  const MemInfo m = lookup(ptr, 1);
+  return {m.provider->name, m.device};
 }
 
 Status ContextImpl::copy(void* dst, const void* src, std::size_t bytes) {

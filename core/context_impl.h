@@ -46,6 +46,9 @@ class ContextImpl {
   void pin_for(LoadedProvider* by, const void* ptr, std::size_t bytes);
   // Bytes from which host memory is registered for device copies (0: never).
   std::size_t host_register_min() const { return host_register_min_; }
+  // Memory HMC did not allocate is host memory, unless a device provider that answers
+  // mem_query (HMC_MEM_QUERY) says it is its device memory: device_of, provider_of,
+  // mem_info and device_mem all ask it.
   DeviceId device_of(const void* ptr) const;
   // Whether [ptr, ptr+bytes) lies inside one allocation made here.
   bool owns(const void* ptr, std::size_t bytes) const;
@@ -60,8 +63,9 @@ class ContextImpl {
     int device = 0;
     bool device_mem = false;  // the CPU cannot touch it: move it with the provider's copy
     uint64_t alloc_id = 0;    // unique per allocation, 0 for memory HMC did not allocate
+                              // (host memory, or device memory a provider's mem_query knew)
     AllocKind kind = AllocKind::kDefault;
-    const uint8_t* base = nullptr;  // the allocation's start, null when not HMC's
+    const uint8_t* base = nullptr;  // the allocation's start, null for host memory not HMC's
     std::size_t alloc_bytes = 0;
   };
   MemInfo mem_info(const void* ptr, std::size_t bytes) const;
@@ -100,10 +104,16 @@ class ContextImpl {
   void* net_alloc(std::size_t bytes, void** mr);
   // The allocation holding [ptr, ptr+bytes) as {start, allocation}, or null. Caller holds mu_.
   const std::pair<const uintptr_t, Allocation>* find_allocation(const void* ptr, std::size_t bytes) const;
+  // mem_info without the fast path; takes mu_, then (outside it) asks the queriers.
+  MemInfo lookup(const void* ptr, std::size_t bytes) const;
+  // Memory HMC did not allocate, as the first device provider that knows it describes it,
+  // or plain host memory.
+  MemInfo foreign(const void* ptr) const;
   Config config_;
   std::shared_ptr<ProgressEngine> engine_ = std::make_shared<ProgressEngine>();
   std::unique_ptr<PluginRegistry> registry_;
   LoadedProvider* net_alloc_ = nullptr;  // the net provider whose mem_alloc serves host memory, or null
+  std::vector<LoadedProvider*> queriers_;  // device providers asked about unknown memory (HMC_MEM_QUERY)
   std::chrono::milliseconds timeout_{60000};
   int64_t yield_every_ = 0;  // HMC_YIELD_EVERY
   int host_ranks_ = 1;       // most ranks on this machine in one communicator (mu_)

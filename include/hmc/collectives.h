@@ -2,8 +2,8 @@
 // forms are `op(...).wait()`. One exception: where every rank has a vendor collective
 // library (HMC_CCL=auto), the first call that could go to it first agrees with the other
 // ranks on it, a small exchange that blocks the caller (up to HMC_TIMEOUT). Buffers are
-// host memory or device memory from Context::alloc (device memory allocated elsewhere is
-// taken for host memory: context.h). In place is send == recv, except where a rank's own
+// host memory or device memory (from Context::alloc, or elsewhere where the provider can
+// say it is its own: context.h). In place is send == recv, except where a rank's own
 // block sits inside a larger buffer: all_gather: send == recv + rank * count elements;
 // gather (root): send == recv + root * count; reduce_scatter: recv == send + rank *
 // recv_count; scatter (root): recv == send + root * count (docs/collectives.md). count 0

@@ -4,7 +4,67 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <dlfcn.h>
+
+#include "hmc/provider/device.h"
+
 namespace hmc::test {
+namespace {
+
+int no_config(void*, const char*, char*, size_t) { return 1; }  // every parameter at its default
+
+// A second instance of a device provider, in the role of the application's own runtime.
+class ForeignAllocator {
+ public:
+  ~ForeignAllocator() {
+    if (state_) table_->fini(state_);
+    if (dl_) dlclose(dl_);
+  }
+  Status open(const std::string& path) {
+    dl_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!dl_) return {ErrorCode::kUnavailable, std::string("dlopen: ") + dlerror()};
+    auto entry = reinterpret_cast<hmc_device_entry_v1_fn>(dlsym(dl_, HMC_DEVICE_ENTRY_V1));
+    if (!entry || !(table_ = entry())) return {ErrorCode::kUnavailable, path + " has no provider table"};
+    services_ = {sizeof(services_), nullptr, nullptr, no_config, nullptr};
+    char reason[256] = {};
+    if (table_->init(&services_, &state_, reason, sizeof(reason)) != 0) {
+      state_ = nullptr;
+      return {ErrorCode::kUnavailable, std::string("second instance: ") + reason};
+    }
+    return {};
+  }
+  Result<std::shared_ptr<void>> alloc(int device, std::size_t bytes) {
+    void* p = nullptr;
+    if (table_->mem_alloc(state_, device, bytes, HMC_ALLOC_DEVICE, &p) != 0 || !p)
+      return Status(ErrorCode::kNoMemory, std::string("foreign mem_alloc: ") + table_->last_error(state_));
+    return std::shared_ptr<void>(p, [this, device](void* q) { table_->mem_free(state_, device, q); });
+  }
+
+ private:
+  void* dl_ = nullptr;
+  const hmc_device_provider_t* table_ = nullptr;
+  void* state_ = nullptr;
+  hmc_host_services_t services_{};
+};
+
+// This process's one, opened on first use (ranks are forked: each opens its own); never
+// closed, as buffers may outlive any scope here.
+Result<ForeignAllocator*> foreign_allocator(Context& ctx) {
+  static ForeignAllocator* a = nullptr;
+  if (a) return a;
+  for (const auto& p : ctx.providers())
+    if (p.kind == "device" && p.name == device_under_test()) {
+      auto* fresh = new ForeignAllocator();
+      if (Status s = fresh->open(p.origin); !s.ok()) {
+        delete fresh;
+        return s;
+      }
+      return a = fresh;
+    }
+  return Status(ErrorCode::kNotFound, "device provider " + device_under_test() + " is not loaded");
+}
+
+}  // namespace
 
 std::string device_under_test() {
   const char* d = std::getenv("HMCTEST_DEVICE");
@@ -57,6 +117,18 @@ Result<DevBuf> DevBuf::make(Context& ctx, const DeviceId& dev, std::size_t bytes
   auto mem = ctx.alloc(dev, std::max<std::size_t>(bytes, 1), kind);
   if (!mem) return mem.status();
   b.mem = std::move(mem.value());
+  return b;
+}
+
+Result<DevBuf> DevBuf::make_foreign(Context& ctx, const DeviceId& dev, std::size_t bytes) {
+  auto allocator = foreign_allocator(ctx);
+  if (!allocator) return allocator.status();
+  DevBuf b;
+  b.ctx = &ctx;
+  b.host.assign(bytes, 0);
+  auto mem = allocator.value()->alloc(dev.index, std::max<std::size_t>(bytes, 1));
+  if (!mem) return mem.status();
+  b.foreign = std::move(mem.value());
   return b;
 }
 

@@ -28,9 +28,14 @@ struct DevBuf {
   Memory mem;
   std::vector<uint8_t> host;
   std::unique_ptr<void, void (*)(void*)> plain{nullptr, &std::free};  // host memory HMC did not allocate
+  std::shared_ptr<void> foreign;  // device memory HMC did not allocate
 
   static Result<DevBuf> make(Context& ctx, const DeviceId& dev, std::size_t bytes, AllocKind kind = AllocKind::kDefault);
-  void* ptr() { return mem.data() ? mem.data() : plain.get(); }
+  // Device memory as the application's own runtime allocates it (cudaMalloc, say), which
+  // HMC learns of only by asking the provider (HMC_DEV_CAP_MEM_QUERY): a second instance
+  // of the provider, loaded from the same file, allocates it.
+  static Result<DevBuf> make_foreign(Context& ctx, const DeviceId& dev, std::size_t bytes);
+  void* ptr() { return mem.data() ? mem.data() : plain ? plain.get() : foreign.get(); }
   Status push();  // host mirror -> buffer
   Status pull();  // buffer -> host mirror
 };

@@ -22,13 +22,14 @@ constexpr auto kWait = std::chrono::seconds(60);
 const std::size_t kSizes[] = {1, 4096, 64 * 1024 + 3, 1 << 20, 6 * (1 << 20) + 5};
 
 // Where each side of a transfer keeps its buffer.
-enum class Side { kDevice, kPlainHost, kShareableHost };
+enum class Side { kDevice, kPlainHost, kShareableHost, kForeignDevice };
 
 Result<DevBuf> buffer(Context& ctx, int rank, Side side, std::size_t bytes) {
   switch (side) {
     case Side::kDevice: return DevBuf::make(ctx, device_for(ctx, rank), bytes);
     case Side::kPlainHost: return DevBuf::make(ctx, {"cpu", 0}, bytes);
     case Side::kShareableHost: return DevBuf::make(ctx, {"cpu", 0}, bytes, AllocKind::kShareable);
+    case Side::kForeignDevice: return DevBuf::make_foreign(ctx, device_for(ctx, rank), bytes);
   }
   return Status(ErrorCode::kInvalidArgument, "side");
 }
@@ -114,6 +115,48 @@ TEST_CASE("device to and from plain host memory (staged)", "[device][p2p]") {
 TEST_CASE("device to and from shareable host memory (IPC)", "[device][p2p]") {
   run_exchange({}, Side::kDevice, Side::kShareableHost);
   run_exchange({}, Side::kShareableHost, Side::kDevice, true);
+}
+
+// Device memory HMC did not allocate (the application's own cudaMalloc, a framework's
+// pool) moves like HMC's own: HMC asks the provider (mem_query) and copies it with the
+// device. Before, it took such memory for host memory, and the CPU's copy from the
+// emulator's faulted. It is staged through host memory, as IPC exports HMC's allocations
+// only; the sizes go from eager to rendezvous in chunks.
+TEST_CASE("device memory the application allocated moves like HMC's own", "[device][p2p][foreign]") {
+  run_exchange({}, Side::kForeignDevice, Side::kDevice);
+  run_exchange({}, Side::kDevice, Side::kForeignDevice, true);
+  run_exchange({}, Side::kForeignDevice, Side::kPlainHost);
+  run_exchange({{"HMC_HOST_ID", "host-{rank}"}, {"HMC_STAGE_CHUNK", "1M"}}, Side::kForeignDevice, Side::kForeignDevice);
+}
+
+TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {
+  for (const char* query : {"1", "0"}) {
+    auto exits = run_ranks(2, {{"HMC_MEM_QUERY", query}}, [&](RankEnv& e) {
+      const std::size_t n = 1 << 20;
+      auto b = buffer(e.ctx, e.rank, Side::kForeignDevice, n);
+      HMC_EXPECT(b.ok(), b.status().to_string());
+      auto* middle = static_cast<uint8_t*>(b->ptr()) + n / 2;
+      const DeviceId where = e.ctx.device_of(middle);
+      if (std::string(query) == "0") {  // taken for host memory, so nothing may touch it
+        HMC_EXPECT(where.provider == "cpu", "device_of says " + where.to_string() + " with HMC_MEM_QUERY=0");
+        return 0;
+      }
+      HMC_EXPECT(where.provider == device_under_test() && where.index == device_for(e.ctx, e.rank).index,
+                 "device_of says " + where.to_string());
+      // Context::copy both ways, and registration for puts from the peer refused as for
+      // HMC's own device memory (no net provider here touches device memory).
+      b->host = random_bytes(n, 5);
+      HMC_EXPECT_OK(b->push());
+      std::vector<uint8_t> back(n / 2);
+      HMC_EXPECT_OK(e.ctx.copy(back.data(), middle, n / 2));
+      HMC_EXPECT(std::equal(back.begin(), back.end(), b->host.begin() + n / 2), "copy from the middle");
+      auto reg = e.comm.register_memory(b->ptr(), n);
+      HMC_EXPECT(!reg.ok() && reg.status().code() == ErrorCode::kUnsupported, reg.status().to_string());
+      return 0;
+    }, kWait);
+    INFO("HMC_MEM_QUERY=" << query << ": " << describe(exits));
+    REQUIRE(all_ok(exits));
+  }
 }
 
 TEST_CASE("the path names how device memory moves", "[device][p2p]") {

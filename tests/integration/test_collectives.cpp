@@ -158,15 +158,15 @@ int64_t input(DataType t, uint64_t seed, int rank, std::size_t i) {
 
 // ---- where a rank's buffers live -----------------------------------------------------------
 
-[[maybe_unused]] bool mixed_mode() {  // read only by the device build
-  const char* m = std::getenv("HMCTEST_MIXED");
+[[maybe_unused]] bool env_is_1(const char* name) {  // read only by the device build
+  const char* m = std::getenv(name);
   return m && std::string(m) == "1";
 }
 
 // The device rank `e.rank` keeps its collective buffers on, or none for host memory.
 std::optional<DeviceId> buffer_device(RankEnv& e) {
 #ifdef HMCTEST_DEVICE_BUFFERS
-  if (mixed_mode() && e.rank % 2 == 1) return std::nullopt;
+  if (env_is_1("HMCTEST_MIXED") && e.rank % 2 == 1) return std::nullopt;
   return test::device_for(e.ctx, e.rank);
 #else
   (void)e;
@@ -183,37 +183,53 @@ std::string where(RankEnv& e) {
 // reads: the bytes themselves, or the mirror of a device allocation when the rank's
 // buffers live on a device. ptr() is what the collective gets. push() and pull() copy the
 // mirror to the device and back (no-ops on host memory). Buf(type, count) is a host-only
-// buffer, for references.
+// buffer, for references. With HMCTEST_FOREIGN=1 device buffers are allocated as the
+// application's own runtime would (test::DevBuf::make_foreign), not by HMC.
 struct Buf {
   DataType t;
   std::vector<uint8_t> bytes;
   Context* ctx = nullptr;  // set when the buffer lives on a device
-  Memory dev;
+  std::shared_ptr<void> dev;  // the device buffer: an HMC allocation or a foreign one
   Status error;  // a failed device allocation, reported by push()
 
   Buf(DataType type, std::size_t count) : t(type), bytes(std::max<std::size_t>(1, count) * dtype_size(type), kPoison) {}
   Buf(RankEnv& e, DataType type, std::size_t count) : Buf(type, count) {
+#ifdef HMCTEST_DEVICE_BUFFERS
     auto d = buffer_device(e);
     if (!d) return;
-    auto m = e.ctx.alloc(*d, bytes.size());
-    if (!m) {
-      error = Status(m.status().code(), "allocation of " + std::to_string(bytes.size()) + " bytes on " + d->provider +
-                                            ":" + std::to_string(d->index) + ": " + m.status().message());
+    Status s;
+    if (env_is_1("HMCTEST_FOREIGN")) {
+      auto m = test::DevBuf::make_foreign(e.ctx, *d, bytes.size());
+      if (m) dev = std::move(m->foreign);
+      s = m.status();
+    } else {
+      auto m = e.ctx.alloc(*d, bytes.size());
+      if (m) {
+        auto held = std::make_shared<Memory>(std::move(m.value()));
+        dev = std::shared_ptr<void>(held, held->data());
+      }
+      s = m.status();
+    }
+    if (!s.ok()) {
+      error = Status(s.code(), "allocation of " + std::to_string(bytes.size()) + " bytes on " + d->provider + ":" +
+                                   std::to_string(d->index) + ": " + s.message());
       return;
     }
     ctx = &e.ctx;
-    dev = std::move(m.value());
+#else
+    (void)e;
+#endif
   }
   void* host(std::size_t elems = 0) { return bytes.data() + elems * dtype_size(t); }
   void* ptr(std::size_t elems = 0) {
-    auto* base = static_cast<uint8_t*>(ctx ? dev.data() : static_cast<void*>(bytes.data()));
+    auto* base = static_cast<uint8_t*>(ctx ? dev.get() : static_cast<void*>(bytes.data()));
     return base ? base + elems * dtype_size(t) : nullptr;
   }
   Status push() {
     if (!error.ok()) return error;
-    return ctx ? ctx->copy(dev.data(), bytes.data(), bytes.size()) : Status{};
+    return ctx ? ctx->copy(dev.get(), bytes.data(), bytes.size()) : Status{};
   }
-  Status pull() { return ctx ? ctx->copy(bytes.data(), dev.data(), bytes.size()) : Status{}; }
+  Status pull() { return ctx ? ctx->copy(bytes.data(), dev.get(), bytes.size()) : Status{}; }
 };
 
 Status push(std::initializer_list<Buf*> bufs) {
