@@ -232,7 +232,7 @@ ContextImpl::MemInfo ContextImpl::lookup(const void* ptr, std::size_t bytes) con
     std::lock_guard lock(mu_);
     if (const auto* found = find_allocation(ptr, std::max<std::size_t>(bytes, 1))) {
       const Allocation& a = found->second;
-      return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes};
+      return {a.provider, a.device, a.device_mem, a.id, a.kind, reinterpret_cast<const uint8_t*>(found->first), a.bytes, 0};
     }
   }
   return foreign(ptr);
@@ -243,12 +243,13 @@ ContextImpl::MemInfo ContextImpl::foreign(const void* ptr) const {
     int device = 0;
     void* base = nullptr;
     std::size_t bytes = 0;
-    const int rc = p->dev->mem_query(p->state, ptr, &device, &base, &bytes);
-    if (rc == 0) return {p, device, true, 0, AllocKind::kDefault, static_cast<const uint8_t*>(base), bytes};
+    uint64_t id = 0;
+    const int rc = p->dev->mem_query(p->state, ptr, &device, &base, &bytes, &id);
+    if (rc == 0) return {p, device, true, 0, AllocKind::kDefault, static_cast<const uint8_t*>(base), bytes, id};
     // A failed query leaves the memory to the next provider, and in the end to the host.
     if (rc < 0) HMC_LOG("core", debug, "{} could not say whether {} is its memory: {}", p->name, ptr, provider_error(*p));
   }
-  return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0};
+  return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0, 0};
 }
 
 LoadedProvider* ContextImpl::provider_of(const void* ptr) const { return lookup(ptr, 1).provider; }

@@ -67,6 +67,7 @@ class ContextImpl {
     AllocKind kind = AllocKind::kDefault;
     const uint8_t* base = nullptr;  // the allocation's start, null for host memory not HMC's
     std::size_t alloc_bytes = 0;
+    uint64_t foreign_id = 0;  // mem_query's id of device memory HMC did not allocate (0: none)
   };
   MemInfo mem_info(const void* ptr, std::size_t bytes) const;
   // mem_info(ptr, bytes).device_mem, without the lock while no device memory is allocated

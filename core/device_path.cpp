@@ -64,10 +64,9 @@ Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len) {
 
 std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t bytes) {
   ContextImpl::MemInfo m = ctx_.mem_info(ptr, bytes);
-  if (!m.alloc_id || !(m.provider->dev->caps & HMC_DEV_CAP_IPC)) return std::nullopt;
+  if (!m.base || !(m.provider->dev->caps & HMC_DEV_CAP_IPC)) return std::nullopt;
   if (!m.device_mem && m.kind != AllocKind::kShareable) return std::nullopt;
-  auto it = exports_.find(m.alloc_id);
-  if (it == exports_.end()) {
+  auto export_handle = [&]() -> std::optional<std::vector<uint8_t>> {
     std::vector<uint8_t> handle(HMC_IPC_HANDLE_MAX);
     std::size_t len = 0;
     auto* base = const_cast<uint8_t*>(m.base);
@@ -77,17 +76,46 @@ std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t byte
       return std::nullopt;
     }
     handle.resize(len);
-    if (exports_.size() >= 4096) exports_.clear();  // ids never repeat: dropping entries only costs re-exports
-    it = exports_.emplace(m.alloc_id, std::move(handle)).first;
+    return handle;
+  };
+  // Kept by HMC's allocation id, or for device memory HMC did not allocate by the id
+  // mem_query gave it; without one it is exported afresh every time: HMC cannot see it
+  // freed, and an allocation made again at its address is another one.
+  std::optional<std::vector<uint8_t>> fresh;
+  const std::vector<uint8_t>* handle = nullptr;
+  auto& cache = m.alloc_id ? exports_ : foreign_exports_[m.provider];
+  const uint64_t id = m.alloc_id ? m.alloc_id : m.foreign_id;
+  if (auto it = id ? cache.find(id) : cache.end(); it != cache.end()) {
+    handle = &it->second;
+  } else if (!(fresh = export_handle())) {
+    return std::nullopt;
+  } else if (id) {
+    if (cache.size() >= 4096) cache.clear();  // ids never repeat: dropping entries only costs re-exports
+    handle = &cache.emplace(id, std::move(*fresh)).first->second;
+  } else {
+    handle = &*fresh;
   }
   auto offset = static_cast<uint64_t>(static_cast<const uint8_t*>(ptr) - m.base);
   return IpcOffer{m.provider->name, m.alloc_id,   m.alloc_bytes,
-                  offset,           m.device_mem ? device_key(*m.provider, m.device) : std::string(), it->second};
+                  offset,           m.device_mem ? device_key(*m.provider, m.device) : std::string(), *handle};
+}
+
+// The key of an offer's import: the exporter's allocation id, or for memory the exporter
+// did not allocate (id 0) a hash of the handle, marked by the top bit (ids count from 1
+// and never get there); import() compares the whole handle, so a collision costs IPC
+// with that peer, never a write into the wrong memory.
+std::pair<int, uint64_t> DeviceTransfers::import_key(int peer, const IpcOffer& offer) {
+  if (offer.alloc_id) return {peer, offer.alloc_id};
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (uint8_t b : offer.handle) h = (h ^ b) * 1099511628211ull;
+  return {peer, h | (1ull << 63)};
 }
 
 Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffer& offer, LoadedProvider* target) {
-  auto key = std::make_pair(peer, offer.alloc_id);
+  auto key = import_key(peer, offer);
   auto it = imports_.find(key);
+  if (it != imports_.end() && !offer.alloc_id && it->second.handle != offer.handle)
+    return Status(ErrorCode::kUnsupported, "two IPC handles of rank " + std::to_string(peer) + " share an import key");
   if (it == imports_.end()) {
     // Closing an import waits for the whole device (cudaIpcCloseMemHandle), and so would not
     // return while a stream waits on a flag of this context, which only progress sets (this
@@ -106,7 +134,8 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
     if (target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) != 0 || !ptr)
       return Status(ErrorCode::kUnsupported, "importing rank " + std::to_string(peer) + "'s " + offer.provider +
                                                  " memory failed: " + provider_error(*target));
-    it = imports_.emplace(key, Import{target, ptr, offer.alloc_bytes, 0}).first;
+    std::vector<uint8_t> handle = offer.alloc_id ? std::vector<uint8_t>() : offer.handle;
+    it = imports_.emplace(key, Import{target, ptr, offer.alloc_bytes, 0, 0, nullptr, std::move(handle)}).first;
   }
   it->second.last_use = ++uses_;
   return key;

@@ -2,8 +2,9 @@
 //
 // Net providers here touch host memory only, so a message whose buffer is device memory
 // moves one of two ways:
-//   - IPC: a receiver on the same host offers its buffer as an IPC handle (CTS_IPC);
-//     the sender imports it once (cached) and writes with the device provider's copy
+//   - IPC: a receiver on the same host offers its buffer as an IPC handle (CTS_IPC;
+//     device memory it did not allocate too, by the provider's id of it); the sender
+//     imports it once (cached) and writes with the device provider's copy
 //     (NVLink / PCIe copy engine for GPU<->GPU, a host<->device copy for a CPU peer),
 //     then sends FIN. Plain host memory allocated shareable is offered the same way.
 //   - staging: the device side copies through a pinned host buffer and the host bytes
@@ -29,7 +30,7 @@ namespace hmc::core {
 // messages land at different offsets of it.
 struct IpcOffer {
   std::string provider;         // the device provider that exported it ("cuda", "cpu", ...)
-  uint64_t alloc_id = 0;        // the exporter's allocation serial: never reused
+  uint64_t alloc_id = 0;        // the exporter's allocation serial, never reused; 0: not its allocation
   uint64_t alloc_bytes = 0;     // size of the exported allocation
   uint64_t offset = 0;          // of the receive buffer inside it
   std::string device;           // its device as any process of the host names it (device_key), "" for host memory
@@ -87,6 +88,7 @@ class DeviceTransfers {
     uint64_t last_use;
     int copies = 0;                       // stream copies into it still running
     LoadedProvider* pinned_by = nullptr;  // host_register'ed with this copier
+    std::vector<uint8_t> handle;          // of memory the peer did not allocate (import_key)
   };
   // A copy queued on a device stream, ended by its event.
   struct Pending {
@@ -101,6 +103,7 @@ class DeviceTransfers {
   // before returning, when device is -1 or `by` has no stream there.
   Status start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
                std::optional<std::pair<int, uint64_t>> import, Done done);
+  static std::pair<int, uint64_t> import_key(int peer, const IpcOffer& offer);
   // The key of the import of `offer` from `peer`, importing it first when needed.
   Result<std::pair<int, uint64_t>> import(int peer, const IpcOffer& offer, LoadedProvider* target);
   // Registers imported peer host memory with the provider that copies into it.
@@ -120,8 +123,10 @@ class DeviceTransfers {
   // only while no stream waits on a flag (closing waits for the whole device).
   static constexpr std::size_t kMaxImports = 64;
   uint64_t uses_ = 0;
-  std::map<std::pair<int, uint64_t>, Import> imports_;  // (peer, its alloc_id)
+  std::map<std::pair<int, uint64_t>, Import> imports_;  // import_key: (peer, its alloc_id or handle hash)
   std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle
+  // Of device memory HMC did not allocate: provider -> mem_query's id -> handle.
+  std::map<LoadedProvider*, std::map<uint64_t, std::vector<uint8_t>>> foreign_exports_;
   struct Staging {
     Memory mem;
     bool in_use;

@@ -111,9 +111,9 @@ int host_unregister(void* state, void* ptr) {
 // runtime's, which number this provider's devices. The range is the allocation's
 // (cuMemGetAddressRange's, which would need a context); for cuMem* memory it is the
 // whole cuMemAddressReserve reservation, mapped or not.
-int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes) {
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id) {
   const auto* s = static_cast<const State*>(state);
-  if (device == nullptr || base == nullptr || bytes == nullptr) {
+  if (device == nullptr || base == nullptr || bytes == nullptr || id == nullptr) {
     return fail(HMC_PROV_ERR_INVALID, "mem_query: null output pointer");
   }
   if (ptr == nullptr) return 1;
@@ -131,10 +131,11 @@ int mem_query(void* state, const void* ptr, int* device, void** base, size_t* by
   int ordinal = -1;
   CUdeviceptr start = 0;
   size_t size = 0;
+  unsigned long long buffer_id = 0;  // unique in the process, never reused
   CUpointer_attribute where[] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-  void* where_data[] = {&ordinal, &start, &size};
-  res = s->drv.pointer_get_attributes(3, where, where_data, at);
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  void* where_data[] = {&ordinal, &start, &size, &buffer_id};
+  res = s->drv.pointer_get_attributes(4, where, where_data, at);
   if (res != CUDA_SUCCESS) return fail_cu(s, res, "mem_query", "cuPointerGetAttributes");
   if (ordinal < 0 || static_cast<size_t>(ordinal) >= s->devices.size() || size == 0) {
     return fail(HMC_PROV_ERR_INTERNAL,
@@ -145,6 +146,7 @@ int mem_query(void* state, const void* ptr, int* device, void** base, size_t* by
   *device = ordinal;
   *base = reinterpret_cast<void*>(start);
   *bytes = size;
+  *id = buffer_id;
   return HMC_PROV_OK;
 }
 

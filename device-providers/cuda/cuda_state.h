@@ -140,7 +140,7 @@ int mem_free(void* state, int device, void* ptr);
 int copy(void* state, void* dst, const void* src, size_t bytes, void* stream);
 int host_register(void* state, void* ptr, size_t bytes);
 int host_unregister(void* state, void* ptr);
-int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes);
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id);
 void release_all(State* s);
 
 int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,

@@ -74,10 +74,10 @@ class Context {
   // Device-agnostic memory: allocate on any device of any provider. Buffers need not
   // come from here: HMC asks the device providers that can say (cuda; HMC_MEM_QUERY)
   // whether a pointer it did not allocate is their device memory, so an application's
-  // own cudaMalloc works, though between processes of one host it moves through host
-  // memory where an allocation from here goes by IPC. A provider that
-  // cannot say has its device memory known by these allocations only: its other device
-  // pointers are taken for host memory, and a copy or send from them faults.
+  // own cudaMalloc works (by IPC between processes of one host where the provider can
+  // export it, else through host memory). A provider that cannot say has its device
+  // memory known by these allocations only: its other device pointers are taken for
+  // host memory, and a copy or send from them faults.
   Result<Memory> alloc(const DeviceId& device, std::size_t bytes,
                        AllocKind kind = AllocKind::kDefault);
   // Copy between any two pointers HMC knows (allocated here or plain host memory).

@@ -1247,11 +1247,12 @@ TEST_CASE("mem_query knows device memory and nothing else", "[conformance][mem_q
       int device = -1;
       uintptr_t base = 0;
       size_t bytes = 0;
+      uint64_t id = 0;
     };
     auto query = [&](const void* p) {
       Answer a;
       void* base = nullptr;
-      a.rc = s.p->mem_query(s.state, p, &a.device, &base, &a.bytes);
+      a.rc = s.p->mem_query(s.state, p, &a.device, &base, &a.bytes, &a.id);
       a.base = reinterpret_cast<uintptr_t>(base);
       INFO("mem_query(" << p << "): " << a.rc << " " << (a.rc < 0 ? s.error() : ""));
       CHECK((a.rc == 0 || a.rc == 1));
@@ -1293,6 +1294,7 @@ TEST_CASE("mem_query knows device memory and nothing else", "[conformance][mem_q
         CHECK(in.device == d);
         CHECK(in.base <= start);
         CHECK(in.base + in.bytes >= start + kSize);
+        CHECK(query(static_cast<char*>(ptr) + kSize - 1).id == in.id);  // one allocation, one id
       }
       CHECK(s.p->mem_free(s.state, d, ptr) == 0);
       // The host may ask about a stale pointer. A driver may still hold the range (a
@@ -1302,6 +1304,14 @@ TEST_CASE("mem_query knows device memory and nothing else", "[conformance][mem_q
       if (in.rc == 0 && freed.rc == 0 && in.base == start && in.bytes < 2 * kSize) {
         CHECK_FALSE((freed.base == in.base && freed.bytes == in.bytes));
       }
+      // The host keeps IPC exports by id: an allocation made after the free, at the same
+      // address or not, must not get the freed one's.
+      void* again = nullptr;
+      REQUIRE(s.p->mem_alloc(s.state, d, kSize, HMC_ALLOC_DEVICE, &again) == 0);
+      const Answer next = query(again);
+      INFO("the next block at " << again << ", ids " << in.id << " then " << next.id);
+      if (in.id != 0 && next.id != 0) CHECK(next.id != in.id);
+      CHECK(s.p->mem_free(s.state, d, again) == 0);
     }
   });
 }

@@ -120,13 +120,71 @@ TEST_CASE("device to and from shareable host memory (IPC)", "[device][p2p]") {
 // Device memory HMC did not allocate (the application's own cudaMalloc, a framework's
 // pool) moves like HMC's own: HMC asks the provider (mem_query) and copies it with the
 // device. Before, it took such memory for host memory, and the CPU's copy from the
-// emulator's faulted. It is staged through host memory, as IPC exports HMC's allocations
-// only; the sizes go from eager to rendezvous in chunks.
+// emulator's faulted. By IPC on one host (next case), staged in chunks between "hosts".
 TEST_CASE("device memory the application allocated moves like HMC's own", "[device][p2p][foreign]") {
   run_exchange({}, Side::kForeignDevice, Side::kDevice);
   run_exchange({}, Side::kDevice, Side::kForeignDevice, true);
   run_exchange({}, Side::kForeignDevice, Side::kPlainHost);
   run_exchange({{"HMC_HOST_ID", "host-{rank}"}, {"HMC_STAGE_CHUNK", "1M"}}, Side::kForeignDevice, Side::kForeignDevice);
+}
+
+// Between ranks of one host such memory goes by IPC like HMC's own: the receiver exports
+// its buffer, kept by the provider's id of the allocation, and the sender imports it. The
+// emulator logs every export and import (counted here from both ranks' lines).
+std::map<std::string, int> ipc_events(const std::string& log) {
+  std::map<std::string, int> count;
+  std::ifstream in(log);
+  std::string what;
+  std::size_t bytes = 0;
+  while (in >> what >> bytes) ++count[what];
+  std::remove(log.c_str());
+  return count;
+}
+
+TEST_CASE("device memory the application allocated goes by IPC on one host", "[device][p2p][foreign]") {
+  if (device_under_test() != "emu") {
+    WARN("only the emulated provider logs its IPC: skipped for " << device_under_test());
+    return;
+  }
+  const std::string log = "/tmp/hmc-ipc-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  // Each of the exchange's 10 messages (5 sizes, both ways) lands in a fresh buffer: one
+  // export and one import each.
+  run_exchange({{"HMC_EMU_REGISTER_LOG", log}}, Side::kForeignDevice, Side::kForeignDevice);
+  auto count = ipc_events(log);
+  CHECK(count["ipc_export"] == 10);
+  CHECK(count["ipc_import"] == 10);
+  // Five messages into one buffer: one of each. Then that buffer is freed and another made
+  // (the emulator puts it at the same address): the freed one's export must not be taken
+  // for it, or the next messages would land in the freed memory.
+  auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
+    const std::size_t n = 1 << 20;
+    auto from = buffer(e.ctx, e.rank, Side::kForeignDevice, n);
+    HMC_EXPECT(from.ok(), from.status().to_string());
+    for (int round = 0; round < 2; ++round) {
+      auto to = buffer(e.ctx, e.rank, Side::kForeignDevice, n);
+      HMC_EXPECT(to.ok(), to.status().to_string());
+      for (int i = 0; i < 5; ++i) {
+        const uint64_t seed = 1000 + round * 10 + i;
+        if (e.rank == 0) {
+          from->host = random_bytes(n, seed);
+          HMC_EXPECT_OK(from->push());
+          HMC_EXPECT_OK(e.comm.send(from->ptr(), n, 1, 7));
+        } else {
+          HMC_EXPECT_OK(e.comm.recv(to->ptr(), n, 0, 7));
+          HMC_EXPECT_OK(to->pull());
+          HMC_EXPECT(to->host == random_bytes(n, seed), "round " + std::to_string(round) + ", message " + std::to_string(i));
+        }
+      }
+      HMC_EXPECT_OK(e.comm.barrier());
+    }
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
+  count = ipc_events(log);
+  INFO("ipc_export " << count["ipc_export"] << ", ipc_import " << count["ipc_import"]);
+  CHECK(count["ipc_export"] == 2);
+  CHECK(count["ipc_import"] == 2);
 }
 
 TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {
@@ -265,7 +323,7 @@ TEST_CASE("host memory registered for device copies is unregistered before it go
   while (in >> what >> bytes) {
     if (what == "register") ++registered;
     else if (what == "unregister") ++unregistered;
-    else other.push_back(what + " " + std::to_string(bytes));  // unmapped-before-unregister, left-registered
+    else if (what.rfind("ipc_", 0) != 0) other.push_back(what + " " + std::to_string(bytes));  // unmapped-before-unregister, left-registered
   }
   std::remove(log.c_str());
   INFO("register " << registered << ", unregister " << unregistered);

@@ -1,11 +1,13 @@
 // IPC of emulated device memory between processes of one host and user.
 //
-// The handle names the exporter's memfd ({pid, fd number, memfd id, allocation size,
-// offset of the exported pointer}); the importer opens /proc/<pid>/fd/<fd>, checks by
-// its name that it is that memfd and not a file that reused the number, maps all of
-// it as a new shadow and hands out a NEW device pointer in its own import window
-// (base + offset). Importing the same allocation again reuses the mapping and counts
-// a reference; ipc_close drops one. Both sides write the same memfd pages.
+// The handle names the memfd of the allocation ({pid, fd number, memfd id, allocation
+// size, offset of the exported pointer}), whichever instance of the exporting process
+// owns it; the importer opens /proc/<pid>/fd/<fd>, checks by its name that it is that
+// memfd and not a file that reused the number, maps all of it as a new shadow and hands
+// out a NEW device pointer in its own import window (base + offset). That holds in the
+// exporting process too (pid is then its own). Importing the same allocation again
+// reuses the mapping and counts a reference; ipc_close drops one. Both sides write the
+// same memfd pages. Each export and import is noted in HMC_EMU_REGISTER_LOG.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -95,58 +97,9 @@ int map_import(State* s, const IpcHandle& h, ShadowRef* out) {
   return HMC_PROV_OK;
 }
 
-}  // namespace
-
-int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,
-               size_t* handle_len) {
-  auto* s = static_cast<State*>(state);
-  if (ptr == nullptr || handle == nullptr || handle_len == nullptr) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_export: null pointer argument");
-  }
-  if (bytes == 0) return fail(HMC_PROV_ERR_INVALID, "ipc_export: 0 bytes");
-  if (handle_cap < sizeof(IpcHandle)) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_export: handle buffer of %zu bytes, need %zu", handle_cap,
-                sizeof(IpcHandle));
-  }
-  const int w = window_of(s, ptr);
-  if (w < 0 || w == s->devices) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_export: %p is %s, not device memory of this process",
-                ptr, w < 0 ? "host memory" : "imported memory");
-  }
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  std::shared_lock lock(s->mem_mu);
-  auto it = s->allocs.upper_bound(addr);
-  const bool inside = it != s->allocs.begin() && addr - std::prev(it)->first < std::prev(it)->second.bytes &&
-                      bytes <= std::prev(it)->second.bytes - (addr - std::prev(it)->first);
-  if (!inside) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_export: [%p, +%zu) is not inside one live allocation",
-                ptr, bytes);
-  }
-  --it;
-  const Allocation& a = it->second;
-  const IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), a.shadow->fd, a.window,
-                    static_cast<uint32_t>(getuid()), a.shadow->id, a.bytes, addr - it->first, bytes};
-  std::memcpy(handle, &h, sizeof(h));
-  *handle_len = sizeof(h);
-  return HMC_PROV_OK;
-}
-
-int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
-  auto* s = static_cast<State*>(state);
-  if (handle == nullptr || ptr == nullptr) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_import: null pointer argument");
-  }
-  *ptr = nullptr;
-  IpcHandle h{};
-  if (handle_len != sizeof(h)) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_import: handle of %zu bytes, an emu handle has %zu",
-                handle_len, sizeof(h));
-  }
-  std::memcpy(&h, handle, sizeof(h));
-  if (h.magic != kIpcMagic || h.pid <= 0 || h.fd < 0 || h.bytes == 0 || h.offset >= h.size ||
-      h.bytes > h.size - h.offset) {
-    return fail(HMC_PROV_ERR_INVALID, "ipc_import: not a handle from the emu provider's ipc_export");
-  }
+// Hands out the import of a checked handle: the mapping of an earlier import of the
+// same allocation, with one more reference, or a new one.
+int attach(State* s, const IpcHandle& h, void** ptr) {
   const std::string key = key_of(h);
   {  // imported before: one more reference to the same range
     std::unique_lock lock(s->mem_mu);
@@ -181,6 +134,59 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
   s->allocs.emplace(base, std::move(a));
   *ptr = reinterpret_cast<void*>(base + h.offset);
   return HMC_PROV_OK;
+}
+
+}  // namespace
+
+int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,
+               size_t* handle_len) {
+  auto* s = static_cast<State*>(state);
+  if (ptr == nullptr || handle == nullptr || handle_len == nullptr) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_export: null pointer argument");
+  }
+  if (bytes == 0) return fail(HMC_PROV_ERR_INVALID, "ipc_export: 0 bytes");
+  if (handle_cap < sizeof(IpcHandle)) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_export: handle buffer of %zu bytes, need %zu", handle_cap,
+                sizeof(IpcHandle));
+  }
+  // Device memory of any instance of this process, as CUDA exports any cudaMalloc pointer.
+  Held held;
+  const int rc = find_device(s, "ipc_export", ptr, bytes, &held);
+  if (rc == 1) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_export: %p is host memory, not device memory of this process", ptr);
+  }
+  if (rc != HMC_PROV_OK) return rc;
+  if (held.device < 0) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_export: %p is imported memory; export it from its owner", ptr);
+  }
+  const IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), held.shadow->fd, held.device,
+                    static_cast<uint32_t>(getuid()), held.shadow->id, held.bytes,
+                    reinterpret_cast<uintptr_t>(ptr) - held.base, bytes};
+  std::memcpy(handle, &h, sizeof(h));
+  *handle_len = sizeof(h);
+  note(s, "ipc_export", bytes);
+  return HMC_PROV_OK;
+}
+
+int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
+  auto* s = static_cast<State*>(state);
+  if (handle == nullptr || ptr == nullptr) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_import: null pointer argument");
+  }
+  *ptr = nullptr;
+  IpcHandle h{};
+  if (handle_len != sizeof(h)) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_import: handle of %zu bytes, an emu handle has %zu",
+                handle_len, sizeof(h));
+  }
+  std::memcpy(&h, handle, sizeof(h));
+  if (h.magic != kIpcMagic || h.pid <= 0 || h.fd < 0 || h.bytes == 0 || h.offset >= h.size ||
+      h.bytes > h.size - h.offset) {
+    return fail(HMC_PROV_ERR_INVALID, "ipc_import: not a handle from the emu provider's ipc_export");
+  }
+  const int rc = attach(s, h, ptr);
+  if (rc == HMC_PROV_OK) note(s, "ipc_import", h.bytes);
+  return rc;
 }
 
 int ipc_close(void* state, void* ptr) {

@@ -98,14 +98,16 @@ std::map<uintptr_t, Allocation>::const_iterator holding(const State* s, uintptr_
   return addr - it->first < it->second.bytes ? it : s->allocs.end();
 }
 
-// Translates device memory of `s`, its owner.
-int translate_device(State* s, const char* what, const void* p, size_t bytes, View* out) {
+// find_device in the allocations of `owner`, whose device address space holds p.
+int find_in(State* owner, const char* what, const void* p, size_t bytes, Held* out) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::shared_lock lock(s->mem_mu);
-  const auto it = holding(s, addr);
-  if (it != s->allocs.end() && bytes <= it->second.bytes - (addr - it->first)) {
-    out->host = it->second.shadow->host + (addr - it->first);
-    out->keep = it->second.shadow;
+  std::shared_lock lock(owner->mem_mu);
+  const auto it = holding(owner, addr);
+  if (it != owner->allocs.end() && bytes <= it->second.bytes - (addr - it->first)) {
+    out->device = it->second.window == owner->devices ? -1 : it->second.window;
+    out->base = it->first;
+    out->bytes = it->second.bytes;
+    out->shadow = it->second.shadow;
     return HMC_PROV_OK;
   }
   return fail(HMC_PROV_ERR_INVALID,
@@ -178,15 +180,26 @@ void remove_instance(State* s) {
   g_instances.erase(std::find(g_instances.begin(), g_instances.end(), s));
 }
 
-int translate(State* s, const char* what, const void* p, size_t bytes, View* out) {
-  if (window_of(s, p) >= 0) return translate_device(s, what, p, bytes, out);
+int find_device(State* s, const char* what, const void* p, size_t bytes, Held* out) {
+  if (window_of(s, p) >= 0) return find_in(s, what, p, bytes, out);
   std::shared_lock lock(g_instances_mu);
   for (State* owner : g_instances) {
-    if (owner != s && window_of(owner, p) >= 0) return translate_device(owner, what, p, bytes, out);
+    if (owner != s && window_of(owner, p) >= 0) return find_in(owner, what, p, bytes, out);
   }
-  // Host memory (pinned or not): the CPU's own.
-  out->host = static_cast<char*>(const_cast<void*>(p));
-  out->keep.reset();
+  return 1;
+}
+
+int translate(State* s, const char* what, const void* p, size_t bytes, View* out) {
+  Held held;
+  const int rc = find_device(s, what, p, bytes, &held);
+  if (rc == 1) {  // host memory (pinned or not): the CPU's own
+    out->host = static_cast<char*>(const_cast<void*>(p));
+    out->keep.reset();
+    return HMC_PROV_OK;
+  }
+  if (rc != HMC_PROV_OK) return rc;
+  out->host = held.shadow->host + (reinterpret_cast<uintptr_t>(p) - held.base);
+  out->keep = std::move(held.shadow);
   return HMC_PROV_OK;
 }
 
@@ -275,9 +288,9 @@ int peer_access(void* state, int device, int peer_device, int* can_access) {
 // Answers for device memory of every instance of this process, whoever allocated it. An
 // import has no device of its own: its copies queue on device 0 (queue_device), so
 // that is the device it answers.
-int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes) {
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id) {
   const auto* s = static_cast<const State*>(state);
-  if (device == nullptr || base == nullptr || bytes == nullptr) {
+  if (device == nullptr || base == nullptr || bytes == nullptr || id == nullptr) {
     return fail(HMC_PROV_ERR_INVALID, "mem_query: null output pointer");
   }
   std::shared_lock lock(g_instances_mu);
@@ -295,6 +308,9 @@ int mem_query(void* state, const void* ptr, int* device, void** base, size_t* by
     *device = d;
     *base = reinterpret_cast<void*>(it->first);
     *bytes = it->second.bytes;
+    // The memfd's id is unique to an allocation of this process; an import's is the
+    // exporter's, which may meet one of ours: none.
+    *id = w == owner->devices ? 0 : it->second.shadow->id;
     return HMC_PROV_OK;
   }
   return 1;

@@ -11,7 +11,7 @@ int mem_alloc(void* state, int device, size_t bytes, int alloc_kind, void** ptr)
 int mem_free(void* state, int device, void* ptr);
 int copy(void* state, void* dst, const void* src, size_t bytes, void* stream);
 int peer_access(void* state, int device, int peer_device, int* can_access);
-int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes);
+int mem_query(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id);
 
 // emu_ipc.cpp
 int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,

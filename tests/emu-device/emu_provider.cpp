@@ -9,8 +9,8 @@
 // space; the bytes live in memfd shadows that only this provider's copy, reduce, divide
 // and IPC reach (emu_memory.cpp), so host code that reads, writes, sends or
 // process_vm_writev's a device pointer faults or fails. A second instance in the same
-// process plays an application's own runtime: each instance's copy, reduce and
-// mem_query reach the other's device memory, as CUDA's do any cudaMalloc.
+// process plays an application's own runtime: each instance's copy, reduce, mem_query
+// and ipc_export reach the other's device memory, as CUDA's do any cudaMalloc.
 // Streams are real: a worker thread each, in order, with an optional delay per
 // operation to expose work that runs too early (emu_stream.cpp).
 // Limits:
@@ -61,8 +61,9 @@ constexpr hmc_param_t kParams[] = {
      "cudaFree, cudaFreeHost, cudaHostUnregister and cudaIpcCloseMemHandle wait for the device; "
      "after 5 s they fail instead of hanging, noting \"device-wide-wait-stuck\" in the log"},
     {"HMC_EMU_REGISTER_LOG", "string", "",
-     "file that host_register/host_unregister append their events to, and fini the streams, "
-     "events and flags the host left (tests count them)"},
+     "file that host_register/host_unregister append their events to, ipc_export/ipc_import "
+     "each success (with the bytes of the range), and fini the streams, events and flags the "
+     "host left (tests count them)"},
 };
 
 thread_local char t_last_error[512];

@@ -5,7 +5,8 @@
 // With HMC_EMU_REGISTER_LOG set, each event appends a line to that file so that tests
 // across processes can count them: "register N", "unregister N",
 // "unmapped-before-unregister N" and, from fini, "left-registered N" (N in bytes); fini
-// also notes the streams, events and flags the host left ("left-streams N", ...).
+// also notes the streams, events and flags the host left ("left-streams N", ...), and
+// emu_ipc.cpp each export and import ("ipc_export N", "ipc_import N", N the range's bytes).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -62,6 +62,7 @@ int reap(pid_t pid, std::chrono::seconds deadline = kDeadline);
 void close_child(Child& c);
 
 // The child roles, dispatched by test_main.cpp.
-int ipc_child(int in, int out);
+int ipc_child(int in, int out);      // "ipc"
+int ipc_app_child(int in, int out);  // "ipc-app"
 
 }  // namespace hmc::emu_test

@@ -65,7 +65,7 @@ struct State {
   uint32_t queues = 0;      // HMC_EMU_QUEUES: hardware queues per device (0: one per stream)
   bool device_wide_frees = false;  // HMC_EMU_DEVICE_WIDE_FREES
   std::atomic<uint64_t> stream_ops{0};  // stream operations started, for fail_op
-  std::string register_log;  // HMC_EMU_REGISTER_LOG: file that host_register events go to
+  std::string register_log;  // HMC_EMU_REGISTER_LOG: file that register and IPC events go to
   hmc::cpu::State cpu;      // handed to the cpu reduce kernels
 
   void* range = nullptr;  // PROT_NONE reservation: devices windows, then the import window
@@ -98,6 +98,17 @@ struct View {
 // another instance of this process translates too, as a GPU copies any allocation of
 // its runtime: that is how tests model an application's own cudaMalloc.
 int translate(State* s, const char* what, const void* p, size_t bytes, View* out);
+// A live allocation of some instance of this process, as find_device saw it.
+struct Held {
+  int device = -1;  // the owner's device; -1 for memory the owner imported
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  ShadowRef shadow;
+};
+// The allocation, of whichever instance of this process owns p's device address space,
+// that holds all of [p, p + bytes) (the lookup translate makes): OK, 1 when p is no
+// instance's device address space (host memory), or INVALID (message names `what`).
+int find_device(State* s, const char* what, const void* p, size_t bytes, Held* out);
 // The live instances of this process, which translate and mem_query search: init adds
 // one, fini removes it. The list's lock is taken before any instance's mem_mu.
 void add_instance(State* s);

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
     const int in = std::atoi(argv[3]);
     const int out = std::atoi(argv[4]);
     if (std::strcmp(argv[2], "ipc") == 0) return hmc::emu_test::ipc_child(in, out);
+    if (std::strcmp(argv[2], "ipc-app") == 0) return hmc::emu_test::ipc_app_child(in, out);
     return 2;
   }
   return hmc::test::run_catch(argc, argv);

@@ -171,11 +171,12 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
     int device = -1;
     char* base = nullptr;
     size_t bytes = 0;
+    uint64_t id = 0;
   };
   auto query = [&](const void* p) {
     Answer a;
     void* base = nullptr;
-    a.rc = emu.p->mem_query(emu.state, p, &a.device, &base, &a.bytes);
+    a.rc = emu.p->mem_query(emu.state, p, &a.device, &base, &a.bytes, &a.id);
     a.base = static_cast<char*>(base);
     INFO("mem_query(" << p << "): " << a.rc << " " << (a.rc < 0 ? emu.error() : ""));
     return a;
@@ -187,6 +188,8 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
   CHECK(a.device == 1);
   CHECK(a.base == own);
   CHECK(a.bytes == kSize);
+  const uint64_t own_id = a.id;
+  CHECK(own_id != 0);
 
   // An application's own runtime, modelled by a second instance: its memory is device
   // memory to the first, which copies it too. 3000 bytes: the rest of the page is not.
@@ -198,6 +201,7 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
   CHECK(a.device == 0);
   CHECK(a.base == theirs);
   CHECK(a.bytes == 3000);
+  CHECK((a.id != 0 && a.id != own_id));
   CHECK(query(theirs + 3000).rc == 1);
   const auto data = random_bytes(3000, 7);
   app->write(theirs, data);
@@ -214,6 +218,7 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
   CHECK(a.device == 0);
   CHECK(a.base == imported);
   CHECK(a.bytes == kSize);
+  CHECK(a.id == 0);  // the exporter's memfd id, which may meet one of this process's
   CHECK(emu.p->ipc_close(emu.state, imported) == 0);
   CHECK(query(imported).rc == 1);
 
@@ -228,6 +233,12 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
   emu.free(0, pinned);
   emu.free(1, own);
   CHECK(query(own + 12345).rc == 1);
+  char* again = static_cast<char*>(emu.alloc(1, kSize));  // first fit: where `own` was
+  a = query(again);
+  CHECK(a.rc == 0);
+  INFO("the block after the free at " << static_cast<void*>(again) << ", before at " << static_cast<void*>(own));
+  CHECK((a.id != 0 && a.id != own_id));
+  emu.free(1, again);
   app->free(0, theirs);
   CHECK(query(theirs).rc == 1);
 
@@ -245,5 +256,6 @@ TEST_CASE("mem_query knows device memory of every instance and nothing else", "[
   wide.free(2, third);
   int device = 0;
   size_t bytes = 0;
-  CHECK(emu.p->mem_query(emu.state, heap.data(), &device, nullptr, &bytes) == HMC_PROV_ERR_INVALID);
+  uint64_t id = 0;
+  CHECK(emu.p->mem_query(emu.state, heap.data(), &device, nullptr, &bytes, &id) == HMC_PROV_ERR_INVALID);
 }

@@ -104,8 +104,11 @@ typedef struct hmc_device_provider {
   /* buf[i] = buf[i] / divisor (integers truncate toward zero). */
   int (*divide)(void* state, void* buf, size_t count, int dtype, uint64_t divisor, void* stream);
 
-  /* Export memory from mem_alloc(HMC_ALLOC_SHAREABLE) as an opaque handle another
-   * process of the same host imports. */
+  /* Export [ptr, ptr + bytes) as an opaque handle another process of the same host
+   * imports. The host asks for its device memory (of mem_alloc, or that mem_query
+   * reported) and for mem_alloc(HMC_ALLOC_SHAREABLE) host memory, always naming a
+   * whole allocation; memory the provider cannot export fails, and the host then moves
+   * it through host memory instead. */
   int (*ipc_export)(void* state, void* ptr, size_t bytes, void* handle, size_t handle_cap,
                     size_t* handle_len);
   int (*ipc_import)(void* state, const void* handle, size_t handle_len, void** ptr);
@@ -137,14 +140,17 @@ typedef struct hmc_device_provider {
    * (its own cudaMalloc, a framework's pool). For a pointer the host does not know, it
    * asks: 0 when `ptr` lies in device memory of this provider that the CPU cannot
    * touch, whoever allocated it, with its device and the allocation holding it
-   * ([*base, *base + *bytes)); 1 when it is not (host memory of any kind, memory the
-   * CPU can also reach, an address nobody allocated); a negative code when the query
-   * itself failed. The host then moves that memory with this provider's copy and
-   * reduce, as its own device memory; it does not export it with ipc_export (another
-   * process gets it through host memory). It asks on every send and receive of memory
-   * it does not know, host memory included, so the answer must be cheap, and asking
-   * must not create a context on any device. */
-  int (*mem_query)(void* state, const void* ptr, int* device, void** base, size_t* bytes);
+   * ([*base, *base + *bytes)) and an *id that names that allocation in this process
+   * and is never given to another one later, not even at the same address (CUDA's
+   * buffer id), or 0 where the provider has none; 1 when it is not (host memory of any
+   * kind, memory the CPU can also reach, an address nobody allocated); a negative code
+   * when the query itself failed. The host then moves that memory with this provider's
+   * copy, reduce and ipc_export, as its own device memory; it keeps an export by *id
+   * (with id 0 it exports afresh for every message, as it cannot see the memory
+   * freed). It asks on every send and receive of memory it does not know, host memory
+   * included, so the answer must be cheap, and asking must not create a context on any
+   * device. */
+  int (*mem_query)(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id);
 } hmc_device_provider_t;
 
 typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
