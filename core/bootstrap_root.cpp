@@ -24,6 +24,10 @@ using wire::Link;
 using wire::Type;
 
 constexpr auto kHelloTimeout = 10s;   // a connection that has not said hello by then is dropped
+// Connections waiting for their hello beyond the job's ranks: more are closed at once, so
+// that a stranger holding connections open cannot use up the descriptors of rank 0's
+// process (the root lives there); a real rank says hello as soon as it connects.
+constexpr std::size_t kSpareStrangers = 128;
 constexpr auto kSweepPeriod = 1s;
 constexpr auto kLinger = 250ms;       // how long the destructor lets queued replies drain
 constexpr auto kAcceptRetry = 100ms;  // after an accept error such as EMFILE
@@ -98,6 +102,7 @@ class BootstrapRoot::Impl {
   std::vector<uint64_t> next_seq_;            // by rank: calls contributed so far
   std::vector<std::string> lost_reason_;      // by rank
   std::set<std::shared_ptr<Link>> strangers_;  // connected, hello not yet accepted
+  uint64_t crowded_out_ = 0;                   // connections closed for kSpareStrangers, not yet logged
   std::map<uint64_t, Round> rounds_;
   // The first call that can never complete because a rank finalized or was lost before it.
   uint64_t dead_floor_ = UINT64_MAX;
@@ -208,6 +213,11 @@ void BootstrapRoot::Impl::sweep() {
   sweep_timer_.expires_after(kSweepPeriod);
   sweep_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
+    if (crowded_out_) {
+      HMC_LOG("boot", warn, "closed {} bootstrap connections at once: {} others were waiting for their hello",
+              crowded_out_, strangers_.size());
+      crowded_out_ = 0;
+    }
     const auto now = Clock::now();
     for (auto it = strangers_.begin(); it != strangers_.end();) {
       if (now - (*it)->opened < kHelloTimeout) {
@@ -224,6 +234,12 @@ void BootstrapRoot::Impl::sweep() {
 }
 
 void BootstrapRoot::Impl::on_accept(tcp::socket socket) {
+  if (strangers_.size() >= kSpareStrangers + static_cast<std::size_t>(size_)) {
+    ++crowded_out_;  // logged by sweep(), once a second at most
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
   wire::tune_socket(socket);
   auto link = std::make_shared<Link>(std::move(socket));
   strangers_.insert(link);

@@ -6,6 +6,34 @@ namespace hmc::core {
 
 using nlohmann::json;
 
+namespace {
+
+// Reads a CBOR card without building it and stops at nesting deeper than a card has
+// (three levels): the reader recurses once per level, so a peer's deeply nested bytes
+// would otherwise overflow this rank's stack.
+class ShallowCbor : public json::json_sax_t {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth_ <= kMaxDepth; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return --depth_ >= 0; }
+  bool start_array(std::size_t) override { return ++depth_ <= kMaxDepth; }
+  bool end_array() override { return --depth_ >= 0; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  static constexpr int kMaxDepth = 8;
+  int depth_ = 0;
+};
+
+}  // namespace
+
 const NetCard* Card::net(const std::string& name) const {
   for (const auto& n : nets)
     if (n.name == name) return &n;
@@ -34,10 +62,12 @@ std::vector<uint8_t> encode_card(const Card& c) {
 }
 
 Result<Card> decode_card(const std::vector<uint8_t>& bytes) {
+  const Status unreadable(ErrorCode::kMismatch, "a peer sent an unreadable capability card (different HMC version?)");
+  ShallowCbor shallow;
+  if (!json::sax_parse(bytes, &shallow, json::input_format_t::cbor)) return unreadable;
   json j = json::from_cbor(bytes, true, false);
-  if (j.is_discarded() || !j.is_object() || j.value("v", 0) != 1)
-    return Status(ErrorCode::kMismatch, "a peer sent an unreadable capability card (different HMC version?)");
   try {
+    if (j.is_discarded() || !j.is_object() || j.value("v", 0) != 1) return unreadable;
     Card c;
     c.rank = j.at("rank").get<int>();
     c.host_id = j.at("host").get<std::string>();

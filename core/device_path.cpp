@@ -191,14 +191,19 @@ void* DeviceTransfers::stream(LoadedProvider* by, int device) {
 }
 
 Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done) {
-  if (offer.offset + bytes > offer.alloc_bytes)
-    return {ErrorCode::kOutOfBounds, "IPC write of " + std::to_string(bytes) + " bytes overruns the offered memory"};
+  // The offer comes from the peer: bounded by what it says (decode_offer checked offset <=
+  // alloc_bytes) and by the size the import was made with, without overflow.
+  auto overruns = [&](uint64_t size) { return offer.offset > size || bytes > size - offer.offset; };
+  const Status overrun{ErrorCode::kOutOfBounds, "IPC write of " + std::to_string(bytes) + " bytes at offset " +
+                                                    std::to_string(offer.offset) + " overruns the offered memory"};
+  if (overruns(offer.alloc_bytes)) return overrun;
   LoadedProvider* target = ctx_.registry().device(offer.provider);
   if (!target || !(target->dev->caps & HMC_DEV_CAP_IPC))
     return {ErrorCode::kUnsupported, "provider " + offer.provider + " is not loaded here with IPC"};
   auto key = import(peer, offer, target);
   if (!key) return key.status();
   Import& imp = imports_.at(key.value());
+  if (overruns(imp.bytes)) return overrun;
   const ContextImpl::MemInfo from = ctx_.mem_info(src, bytes);
   LoadedProvider* by = copier(target, from.provider);
   if (!by) return {ErrorCode::kUnsupported, "no provider copies from " + from.provider->name + " into " + offer.provider};

@@ -474,8 +474,20 @@ void CommImpl::finish_rndv_recv(Peer& p, uint64_t id, uint64_t size) {
   auto it = p.rndv_recvs.find(id);
   if (it == p.rndv_recvs.end()) return;
   RecvOp& r = it->second;
+  // A FIN no sender owes (this side's own get is all that still writes into the buffer)
+  // or one of a size the receive did not agree to comes from a broken peer: the receive
+  // fails, once the get ended, rather than end while memory is still being written or
+  // report bytes it never got.
+  auto broken = [&](const std::string& what) {
+    if (r.error.ok()) r.error = {ErrorCode::kInternal, describe(p) + " sent " + what};
+  };
+  if (r.getting && r.parts < 2) return broken("a FIN for a receive that its get still fills");
   if (r.parts > 0) {  // a split receive: the FIN of the sender's part
     if (--r.parts > 0) return;  // the get of the rest (or a put in its place) still runs
+    size = r.bytes;
+  }
+  if (size != r.bytes) {
+    broken("a FIN of " + std::to_string(size) + " bytes for a receive of " + std::to_string(r.bytes));
     size = r.bytes;
   }
   if (r.copies > 0) {  // staged chunks still on their way to the device
@@ -595,10 +607,10 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
     case MsgType::kCtsRefused: return on_cts_refused(p, h, payload, payload_len);
     case MsgType::kFin: return finish_rndv_recv(p, h.id, h.size);
     case MsgType::kChunk: return on_chunk(p, h.id, h.size, h.aux);
-    case MsgType::kNak: {
+    case MsgType::kNak: {  // a refusal without an error code is still a failure
+      const auto code = h.aux != 0 ? static_cast<ErrorCode>(h.aux) : ErrorCode::kInternal;
       if (auto s = take_send(p, h.id))
-        s->op->fail({static_cast<ErrorCode>(h.aux),
-                     "rank " + std::to_string(p.rank) + " refused the message: " + std::string(payload, payload + payload_len)});
+        s->op->fail({code, "rank " + std::to_string(p.rank) + " refused the message: " + std::string(payload, payload + payload_len)});
       return;
     }
     case MsgType::kGetDone: return on_get_done(p, h);

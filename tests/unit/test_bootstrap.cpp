@@ -279,6 +279,31 @@ TEST_CASE("bootstrap root hangs up on garbage and oversized frames", "[bootstrap
   CHECK(all.value() == Blobs{{42}});
 }
 
+// A stranger holding connections open without a hello: past kSpareStrangers (128) plus
+// the job's size the root closes new ones at once, so that they cannot use up the
+// descriptors of rank 0's process; once the idle ones go, ranks join as before.
+TEST_CASE("bootstrap root closes connections beyond its spare ones while strangers idle", "[bootstrap]") {
+  Job job;
+  asio::io_context io;
+  std::vector<std::unique_ptr<asio::ip::tcp::socket>> idle;
+  for (int i = 0; i < 128; ++i) {
+    idle.push_back(std::make_unique<asio::ip::tcp::socket>(io));
+    boost::system::error_code ec;
+    idle.back()->connect({asio::ip::make_address("127.0.0.1"), job.root->port()}, ec);
+    REQUIRE_FALSE(ec);
+  }
+  // Accepted in the background: keep knocking until the root turns one away at once
+  // (a bare "GET" that a root under its limit would keep for its 10 s hello timeout).
+  const std::vector<uint8_t> get = {'G', 'E', 'T'};
+  CHECK(eventually([&] { return root_hangs_up(job.root->port(), get); }, 3s));
+  idle.clear();
+  auto boot = job.join(0, 1);
+  REQUIRE(boot.ok());
+  auto all = boot.value()->allgather({7}, in(5s));
+  REQUIRE(all.ok());
+  CHECK(all.value() == Blobs{{7}});
+}
+
 TEST_CASE("bootstrap refuses a duplicate rank and a size mismatch with clear messages", "[bootstrap]") {
   Job job;
   auto rank0 = job.join(0, 2);

@@ -116,6 +116,12 @@ TEST_CASE("cards and remote keys survive encoding, garbage is refused", "[wire]"
   CHECK(back->nets[0].address == std::vector<uint8_t>{1, 2, 3, 4});
   CHECK(back->devices[0].memory_bytes == 1u << 30);
   CHECK_FALSE(decode_card({0xff, 0x00, 0x12}).ok());
+  // A peer's malformed card fails with a status: a wrong type for the version threw out
+  // of decode_card, and 100000 nested arrays overflowed the CBOR reader's stack.
+  CHECK(decode_card({0xa1, 0x61, 'v', 0x61, '1'}).status().code() == ErrorCode::kMismatch);  // {"v": "1"}
+  std::vector<uint8_t> deep(100000, 0x81);  // [[[...]]]
+  deep.push_back(0x00);
+  CHECK(decode_card(deep).status().code() == ErrorCode::kMismatch);
 
   std::vector<uint8_t> region(100);
   Registration reg(region.data(), region.size());
