@@ -70,7 +70,9 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || errno != 0 || v < 0) return std::nullopt;
+  // strtod also reads "nan", "inf" and signs: a size is none of them. !(v >= 0) is true for
+  // NaN; a '-' anywhere also refuses "-0" (and exponents such as "1e-3K").
+  if (end == text.c_str() || errno != 0 || !(v >= 0) || text.find('-') != std::string::npos) return std::nullopt;
   std::string unit = lower(end);
   if (!unit.empty() && unit.back() == 'b') unit.pop_back();   // "kb", "mib" -> "k", "mi"
   if (!unit.empty() && unit.back() == 'i') unit.pop_back();
@@ -80,7 +82,10 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   else if (unit == "g") mul = 1024.0 * 1024 * 1024;
   else if (unit == "t") mul = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty()) return std::nullopt;
-  return static_cast<uint64_t>(v * mul);
+  // 2^64 and beyond do not fit (converting them is undefined): "inf", "1e30", "16777216T".
+  const double bytes = v * mul;
+  if (!(bytes < 18446744073709551616.0)) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
 }
 
 std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {

@@ -17,6 +17,19 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
   CHECK_FALSE(parse_size("lots"));
   CHECK_FALSE(parse_size("4Q"));
   CHECK_FALSE(parse_size("-1"));
+  CHECK(parse_size("1.5M") == 3u << 19);
+  CHECK(parse_size("16777215T") == 16777215ull << 40);  // the largest whole-T size that fits
+  CHECK_FALSE(parse_size("-4K"));
+  CHECK_FALSE(parse_size("-0"));
+  CHECK_FALSE(parse_size("nan"));
+  CHECK_FALSE(parse_size("NaN"));
+  CHECK_FALSE(parse_size("nanK"));
+  CHECK_FALSE(parse_size("-nan"));
+  CHECK_FALSE(parse_size("inf"));
+  CHECK_FALSE(parse_size("infinity"));
+  CHECK_FALSE(parse_size("-inf"));
+  CHECK_FALSE(parse_size("1e30"));       // finite, but past 2^64
+  CHECK_FALSE(parse_size("16777216T"));  // exactly 2^64
   CHECK(parse_duration("30") == 30000ms);
   CHECK(parse_duration("500ms") == 500ms);
   CHECK(parse_duration("2m") == 120000ms);

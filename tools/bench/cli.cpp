@@ -111,8 +111,11 @@ int parse_cli(int argc, char** argv, Cli& cli) {
     return 2;
   }
   auto spec = tools::parse_device_spec(o.device);
-  if (!spec) {
-    std::fprintf(stderr, "hmc-bench: %s\n", spec.status().message().c_str());
+  // With --local the ranks are known here: a rank list beyond them is refused before any
+  // starts (a rank from a launcher checks it again in pick_device).
+  if (Status st = !spec ? spec.status() : cli.local > 0 ? tools::check_ranks(spec.value(), cli.local) : Status();
+      !st.ok()) {
+    std::fprintf(stderr, "hmc-bench: %s\n", st.message().c_str());
     return 2;
   }
   if (o.stream && o.coll == Coll::kBarrier) {

@@ -53,7 +53,17 @@ Result<DeviceSpec> parse_device_spec(const std::string& text) {
   return spec;
 }
 
+Status check_ranks(const DeviceSpec& spec, int ranks) {
+  for (auto [lo, hi] : spec.ranks)
+    if (hi >= ranks)
+      return Status(ErrorCode::kInvalidArgument,
+                    "--device '" + spec.text + "': names rank " + std::to_string(hi) + ", but the job has " +
+                        std::to_string(ranks) + (ranks == 1 ? " rank (0)" : " ranks (0-" + std::to_string(ranks - 1) + ")"));
+  return {};
+}
+
 Result<DeviceId> pick_device(const Context& ctx, const Communicator& comm, const DeviceSpec& spec) {
+  HMC_RETURN_IF_ERROR(check_ranks(spec, comm.size()));
   const int me = comm.rank();
   const std::string provider = spec.provider_of(me);
   int count = 0;

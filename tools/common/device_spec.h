@@ -28,7 +28,12 @@ struct DeviceSpec {
 
 Result<DeviceSpec> parse_device_spec(const std::string& text);
 
-// This rank's device; the ranks of the communicator must all pass the same spec.
+// An error where `spec`'s rank list names a rank outside [0, ranks): it would put no rank
+// on the device it names. pick_device checks it; a launcher that knows the count checks first.
+Status check_ranks(const DeviceSpec& spec, int ranks);
+
+// This rank's device; the ranks of the communicator must all pass the same spec, whose
+// rank list must lie within the communicator (check_ranks).
 Result<DeviceId> pick_device(const Context& ctx, const Communicator& comm, const DeviceSpec& spec);
 
 }  // namespace hmc::tools

@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   std::string size_text = "64M";
   probe::MeasureOptions opt;
   int timeout_s = 300;
-  app.add_option("--local", local, "start N ranks on this machine and print the path matrix")->check(CLI::Range(1, 64));
+  app.add_option("--local", local, "start N ranks on this machine and print the path matrix (N >= 2: a matrix of pairs)")
+      ->check(CLI::Range(2, 64));
   app.add_flag("--json", json, "print JSON");
   app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)");
   app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
   app.add_flag("--lat-poll", opt.lat_poll,
                "latency with Request::test polled back to back (as ucx_perftest polls) instead of Request::wait, "
                "which yields the CPU between polls");
-  app.add_option("--timeout", timeout_s, "seconds before the local ranks are killed");
+  app.add_option("--timeout", timeout_s, "seconds before the local ranks are killed")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("-g,--device", opt.device,
                  "--local buffers on provider[:index][@ranks]: cuda = every rank on a GPU, cuda@0 = rank 0 on a GPU "
                  "and the others on cpu")->capture_default_str();
@@ -90,14 +92,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   opt.bytes = *bytes;
+  if (auto need = probe::buffer_bytes(opt); !need) {
+    std::fprintf(stderr, "hmc-probe: %s\n", need.status().message().c_str());
+    return 2;
+  }
   if (opt.notify && !opt.put) {
     std::fprintf(stderr, "hmc-probe: --notify goes with --put\n");
     return 2;
   }
-  if (auto spec = tools::parse_device_spec(opt.device); !spec) {
-    std::fprintf(stderr, "hmc-probe: %s\n", spec.status().message().c_str());
+  auto spec = tools::parse_device_spec(opt.device);
+  // With --local the ranks are known here: a rank list beyond them is refused before any
+  // starts (a rank from the environment checks it again in pick_device).
+  if (Status s = !spec ? spec.status() : local > 0 ? tools::check_ranks(spec.value(), local) : Status(); !s.ok()) {
+    std::fprintf(stderr, "hmc-probe: %s\n", s.message().c_str());
     return 2;
-  } else if (opt.put && spec->provider != "cpu") {
+  }
+  if (opt.put && spec->provider != "cpu") {
     std::fprintf(stderr, "hmc-probe: --put measures host buffers only (a put into device memory needs a net "
                          "provider that touches it)\n");
     return 2;

@@ -2,7 +2,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <optional>
+#include <stdexcept>
 
 #include "device_spec.h"
 #include "hmc/collectives.h"
@@ -12,7 +15,6 @@ namespace hmc::probe {
 namespace {
 
 constexpr uint64_t kDataTag = 11, kAckTag = 12, kResultTag = 13, kPollTag = 14;
-constexpr int kWindow = 4;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -120,12 +122,14 @@ Status poll(Request r) {
   return r.wait();
 }
 
-// Ping-pong of 8 bytes; each side posts its receive before it sends.
+// Ping-pong of 8 bytes; each side posts its receive before it sends. The count is 64-bit:
+// --lat-iters and --lat-warmup may each be up to INT_MAX.
 Result<double> latency(Communicator& c, int peer, bool first, int iters, int warmup, bool polled) {
   // Not on the stack: an error return may leave a receive posted into `in`.
   static uint64_t in = 0, out = 0;
   auto t0 = Clock::now();
-  for (int i = 0; i < iters + warmup; ++i) {
+  const int64_t total = int64_t{iters} + warmup;
+  for (int64_t i = 0; i < total; ++i) {
     if (i == warmup) t0 = Clock::now();
     if (first) {
       Request r = c.irecv(&in, 8, peer, kAckTag);
@@ -179,7 +183,7 @@ Result<Buffer> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes, cons
   Buffer b;
   const bool host = dev.provider == "cpu";
   if (host && memory == "malloc") {
-    b.heap.assign(bytes, 1);
+    HMC_RETURN_IF_ERROR(heap_filled(b.heap, bytes, 1));
     return b;
   }
   auto mem = ctx.alloc(dev, bytes, host && memory == "shareable" ? AllocKind::kShareable : AllocKind::kDefault);
@@ -188,7 +192,8 @@ Result<Buffer> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes, cons
   if (host) {
     std::memset(b.data(), 1, bytes);
   } else {
-    std::vector<uint8_t> ones(bytes, 1);
+    std::vector<uint8_t> ones;
+    HMC_RETURN_IF_ERROR(heap_filled(ones, bytes, 1));
     HMC_RETURN_IF_ERROR(ctx.copy(b.data(), ones.data(), bytes));
   }
   return b;
@@ -196,12 +201,36 @@ Result<Buffer> buffer(Context& ctx, const DeviceId& dev, std::size_t bytes, cons
 
 }  // namespace
 
+Status heap_filled(std::vector<uint8_t>& v, std::size_t bytes, uint8_t value) {
+  auto no_memory = [&](const char* why) {
+    return Status(ErrorCode::kNoMemory, "allocating " + std::to_string(bytes) + " bytes on the heap failed: " + why);
+  };
+  try {
+    v.assign(bytes, value);
+  } catch (const std::length_error&) {
+    return no_memory("more than a std::vector holds");
+  } catch (const std::bad_alloc&) {
+    return no_memory("std::bad_alloc");
+  }
+  return {};
+}
+
+Result<std::size_t> buffer_bytes(const MeasureOptions& opt) {
+  const std::size_t slots = opt.rotate ? kWindow : 1;
+  if (opt.bytes > std::numeric_limits<std::size_t>::max() / slots)
+    return Status(ErrorCode::kInvalidArgument, "-b " + std::to_string(opt.bytes) + " with --rotate needs a buffer of " +
+                                                   std::to_string(slots) + " x that, more than a size_t holds");
+  return opt.bytes * slots;
+}
+
 Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, const MeasureOptions& opt) {
   auto spec = tools::parse_device_spec(opt.device);
   if (!spec) return spec.status();
   auto dev = tools::pick_device(ctx, c, spec.value());
   if (!dev) return dev.status();
-  auto buf = buffer(ctx, dev.value(), opt.rotate ? opt.bytes * kWindow : opt.bytes, opt.memory);
+  auto bytes = buffer_bytes(opt);
+  if (!bytes) return bytes.status();
+  auto buf = buffer(ctx, dev.value(), bytes.value(), opt.memory);
   if (!buf) return buf.status();
   auto devices = all_devices(c, dev.value());
   if (!devices) return devices.status();

@@ -28,6 +28,9 @@ struct PairFigures {
   std::size_t turns_from = SIZE_MAX;  // unsplit rendezvous from this size up copied in turns (PathInfo::turns_from)
 };
 
+// Bandwidth messages in flight per pair; with --rotate each has a `bytes` slot of its own.
+constexpr int kWindow = 4;
+
 struct MeasureOptions {
   std::size_t bytes = 64u << 20;
   int iters = 20;
@@ -49,6 +52,13 @@ struct Buffer {
   void* data() { return heap.empty() ? mem.data() : heap.data(); }
   std::size_t size() const { return heap.empty() ? mem.size() : heap.size(); }
 };
+
+// Bytes of a rank's buffer for `opt` (kWindow slots with --rotate); an error where that
+// overflows a size_t. Checked at option parsing and again before allocating.
+Result<std::size_t> buffer_bytes(const MeasureOptions& opt);
+// `v` as `bytes` of `value` from the heap; a size the heap cannot give is an error worded
+// as Context::alloc's, not an exception.
+Status heap_filled(std::vector<uint8_t>& v, std::size_t bytes, uint8_t value);
 
 // Runs inside one rank: measures the path to every peer, pair by pair; rank 0 returns all.
 Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& comm, const MeasureOptions& opt);

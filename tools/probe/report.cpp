@@ -83,8 +83,14 @@ void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureO
                 f.from_device.c_str(), f.to_device.c_str(), f.provider.c_str(), f.bandwidth_gbps, f.latency_us, f.poll_ns,
                 short_size(f.eager_limit).c_str(), get.c_str(), split.c_str(), turns.c_str(), f.reason.c_str(), f.device_path.empty() ? "" : "; device memory: ", f.device_path.c_str());
   }
-  std::printf("\nReferences in the same run (%s): memcpy %.2f GB/s, plain TCP stream on loopback %.2f GB/s\n",
-              human(bytes).c_str(), memcpy_ref, tcp_ref);
+  // 0: not measured (the heap could not give the reference's buffers, or loopback TCP failed).
+  auto gbps = [](double ref) {
+    char s[32] = "not measured";
+    if (ref > 0) std::snprintf(s, sizeof s, "%.2f GB/s", ref);
+    return std::string(s);
+  };
+  std::printf("\nReferences in the same run (%s): memcpy %s, plain TCP stream on loopback %s\n",
+              human(bytes).c_str(), gbps(memcpy_ref).c_str(), gbps(tcp_ref).c_str());
   for (const auto& f : figs) {
     if (!f.from_device.starts_with("cpu") || !f.to_device.starts_with("cpu")) continue;  // GPU references: hmc-gpu-ref
     double ref = f.provider == "shm" ? memcpy_ref : f.provider == "tcp" ? tcp_ref : 0;
