@@ -8,9 +8,9 @@ using nlohmann::json;
 
 namespace {
 
-// Reads a CBOR card without building it and stops at nesting deeper than a card has
-// (three levels): the reader recurses once per level, so a peer's deeply nested bytes
-// would otherwise overflow this rank's stack.
+// Reads a CBOR card without building it and stops past eight levels of nesting (a card
+// has three): the reader recurses once per level, so a peer's deeply nested bytes would
+// otherwise overflow this rank's stack.
 class ShallowCbor : public json::json_sax_t {
  public:
   bool null() override { return true; }
