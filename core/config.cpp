@@ -93,7 +93,8 @@ std::optional<std::chrono::microseconds> parse_duration(const std::string& text)
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || errno != 0 || v < 0) return std::nullopt;
+  // As parse_size: NaN, infinities and signs are no durations.
+  if (end == text.c_str() || errno != 0 || !(v >= 0) || text.find('-') != std::string::npos) return std::nullopt;
   std::string unit = lower(end);
   double us;
   if (unit.empty() || unit == "s") us = v * 1e6;
@@ -102,6 +103,7 @@ std::optional<std::chrono::microseconds> parse_duration(const std::string& text)
   else if (unit == "m" || unit == "min") us = v * 60e6;
   else if (unit == "h") us = v * 3600e6;
   else return std::nullopt;
+  if (!(us < 9.2e18)) return std::nullopt;  // beyond int64_t microseconds (converting is undefined)
   return std::chrono::microseconds(static_cast<int64_t>(us));
 }
 

@@ -35,6 +35,7 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
   CHECK(parse_duration("2m") == 120000ms);
   CHECK(parse_duration("250us") == 250us);
   CHECK(parse_duration("1.5ms") == 1500us);
+  for (const char* bad : {"nan", "inf", "-1s", "-0", "1e300s", "infms"}) CHECK_FALSE(parse_duration(bad).has_value());
   CHECK_FALSE(parse_duration("soon"));
   CHECK(parse_bool("yes") == true);
   CHECK(parse_bool("0") == false);
