@@ -47,7 +47,7 @@ Request all_reduce(Communicator& comm, const void* send, void* recv, std::size_t
   HMC_COLL_REQUIRE(kKind, coll::check_aligned(send, dtype, "send"));
   HMC_COLL_REQUIRE(kKind, coll::check_aligned(recv, dtype, "recv"));
   const std::size_t bytes = count * dtype_size(dtype);
-  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, bytes, "all_reduce"));
+  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, bytes));
   c.dtype = dtype;
   c.op = op;
   c.count = count;
@@ -86,7 +86,7 @@ Request reduce(Communicator& comm, const void* send, void* recv, std::size_t cou
   if (c.rank() == root) {  // recv matters at the root only
     HMC_COLL_REQUIRE(kKind, coll::check_buffer(recv, count, "recv"));
     HMC_COLL_REQUIRE(kKind, coll::check_aligned(recv, dtype, "recv"));
-    if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, bytes, "reduce"));
+    if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, bytes));
   }
   c.dtype = dtype;
   c.op = op;
@@ -137,7 +137,7 @@ Request all_gather(Communicator& comm, const void* send, void* recv, std::size_t
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(recv, count, "recv"));
   const std::size_t bytes = count * dtype_size(dtype), total = bytes * c.size();
   if (send != offset(recv, c.rank() * bytes))
-    HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, total, "all_gather"));
+    HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, total));
   c.dtype = dtype;
   c.count = count;
   c.algo_bytes = c.result_bytes = total;
@@ -166,7 +166,7 @@ Request reduce_scatter(Communicator& comm, const void* send, void* recv, std::si
   HMC_COLL_REQUIRE(kKind, coll::check_aligned(recv, dtype, "recv"));
   const std::size_t bytes = recv_count * dtype_size(dtype), total = bytes * c.size();
   if (recv != offset(send, c.rank() * bytes))
-    HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, bytes, "reduce_scatter"));
+    HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, bytes));
   c.dtype = dtype;
   c.op = op;
   c.count = recv_count;
@@ -197,7 +197,7 @@ Request gather(Communicator& comm, const void* send, void* recv, std::size_t cou
   const std::size_t bytes = count * dtype_size(dtype), total = bytes * c.size();
   if (c.rank() == root) {
     HMC_COLL_REQUIRE(kKind, coll::check_buffer(recv, count, "recv"));
-    if (send != offset(recv, root * bytes)) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, total, "gather"));
+    if (send != offset(recv, root * bytes)) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, bytes, recv, total));
   }
   c.dtype = dtype;
   c.count = count;
@@ -230,7 +230,7 @@ Request scatter(Communicator& comm, const void* send, void* recv, std::size_t co
   const std::size_t bytes = count * dtype_size(dtype), total = bytes * c.size();
   if (c.rank() == root) {
     HMC_COLL_REQUIRE(kKind, coll::check_buffer(send, count, "send"));
-    if (recv != offset(send, root * bytes)) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, bytes, "scatter"));
+    if (recv != offset(send, root * bytes)) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, bytes));
   }
   c.dtype = dtype;
   c.count = count;
@@ -260,7 +260,7 @@ Request all_to_all(Communicator& comm, const void* send, void* recv, std::size_t
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(send, count, "send"));
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(recv, count, "recv"));
   const std::size_t bytes = count * dtype_size(dtype), total = bytes * c.size();
-  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, total, "all_to_all"));
+  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, total, recv, total));
   c.dtype = dtype;
   c.count = count;
   c.algo_bytes = bytes;
@@ -311,7 +311,7 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
     if (send_counts[j]) send_end = std::max(send_end, send_displs[j] + send_counts[j]);
     if (recv_counts[j]) recv_end = std::max(recv_end, recv_displs[j] + recv_counts[j]);
   }
-  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, send_end * esz, recv, recv_end * esz, "all_to_all_v"));
+  if (send != recv) HMC_COLL_REQUIRE(kKind, coll::check_disjoint(send, send_end * esz, recv, recv_end * esz));
   // Two peers writing one stretch of recv would race: their blocks must not overlap.
   std::vector<int> by_displ;
   for (int j = 0; j < n; ++j)

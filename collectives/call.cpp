@@ -146,10 +146,10 @@ Status check_fits(std::size_t count, std::size_t factor, DataType t) {
   return {};
 }
 
-Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes, const char* what) {
+Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   if (a_bytes && b_bytes && x < y + b_bytes && y < x + a_bytes)
-    return invalid(std::string(what) + ": send and recv overlap without being the in-place layout");
+    return invalid("send and recv overlap without being the in-place layout");
   return {};
 }
 

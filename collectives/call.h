@@ -74,6 +74,6 @@ Status check_aligned(const void* p, DataType t, const char* what);
 Status check_root(int root, int size);
 Status check_fits(std::size_t count, std::size_t factor, DataType t);
 // Out of place, [a, a+a_bytes) and [b, b+b_bytes) must not overlap.
-Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes, const char* what);
+Status check_disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes);
 
 }  // namespace hmc::coll

@@ -14,9 +14,11 @@ Status all_to_all_v(Plan& p, const void* send, const std::vector<std::size_t>& s
   const void* src = send;
   ActionId ready = kNoAction;
   if (send == recv) {
-    // In place: receives overwrite blocks still to be sent, so send from a copy.
+    // In place: receives overwrite blocks still to be sent, so send from a copy of the
+    // blocks that are sent (an empty block's displacement may point anywhere).
     std::size_t extent = 0;
-    for (int j = 0; j < n; ++j) extent = std::max(extent, send_displs[j] + send_counts[j]);
+    for (int j = 0; j < n; ++j)
+      if (send_counts[j]) extent = std::max(extent, send_displs[j] + send_counts[j]);
     auto copy = p.scratch_elems(extent);
     if (!copy) return copy.status();
     ready = s.copy(copy.value(), send, p.bytes(extent));
@@ -44,7 +46,7 @@ Status all_to_all_in_place(Plan& p, void* buf, std::size_t count, int window) {
   // later (or in the same step), the block is saved first and sent from the copy; when it
   // came earlier, the receive waits for it. floor(n/2) blocks are saved, instead of a copy
   // of the whole buffer.
-  auto saved = p.scratch_elems(count * (n / 2));
+  auto saved = p.scratch_elems(count, n / 2);
   if (!saved) return saved.status();
   std::vector<ActionId> copied(n, kNoAction), sent(n, kNoAction), step_done(n, kNoAction);
   std::vector<const void*> source(n, nullptr);

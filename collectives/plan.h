@@ -46,7 +46,18 @@ struct Plan {
     return std::min<std::size_t>((len + chunk - 1) / chunk, kMaxChunks - 1);
   }
   Range chunk_of(std::size_t len, std::size_t c) const { return part(len, chunks(len), c); }
-  Result<uint8_t*> scratch_elems(std::size_t elems) { return scratch.get(elems * esz); }
+  // Scratch of elems * times + plus elements: an error, not a wrapped size, where that
+  // many bytes do not fit (the argument checks bound the user's sizes, not an
+  // algorithm's multiple of them).
+  Result<uint8_t*> scratch_elems(std::size_t elems, std::size_t times = 1, std::size_t plus = 0) {
+    std::size_t n = 0, bytes = 0;
+    if (__builtin_mul_overflow(elems, times, &n) || __builtin_add_overflow(n, plus, &n) ||
+        __builtin_mul_overflow(n, esz, &bytes))
+      return Status(ErrorCode::kNoMemory, "collective scratch of " + std::to_string(elems) + " x " +
+                                              std::to_string(times) + " + " + std::to_string(plus) +
+                                              " elements does not fit in memory");
+    return scratch.get(bytes);
+  }
 };
 
 }  // namespace hmc::coll

@@ -71,7 +71,7 @@ Status all_reduce_rd(Plan& p, const void* send, void* recv, std::size_t count) {
     sit_out(p, send, recv, count, final_step);
     return {};
   }
-  auto base = p.scratch_elems(2 * count);
+  auto base = p.scratch_elems(count, 2);
   if (!base) return base.status();
   SlotRing slots(base.value(), bytes, 2);  // two, so the next receive is posted before this reduce
   std::size_t use = 0;
@@ -117,7 +117,7 @@ Status all_reduce_rhd(Plan& p, const void* send, void* recv, std::size_t count) 
   // Receive areas: the folded vector, then one distinct area per halving step (nested
   // halves: p - 1 blocks in all, at most count + p elements), so every receive can be
   // posted at once.
-  auto base = p.scratch_elems((f.odd ? count : 0) + count + f.p);
+  auto base = p.scratch_elems(count, f.odd ? 2 : 1, f.p);
   if (!base) return base.status();
   uint8_t* area = base.value();
   const void* cur = send;
@@ -227,7 +227,7 @@ Status reduce_scatter_rh(Plan& p, const void* send, void* recv, std::size_t coun
   const std::size_t total = count * n;
   // acc holds the kept half after step 0 (indexed from its start); the receive areas of
   // the steps follow it.
-  auto base = p.scratch_elems(total / 2 + total);
+  auto base = p.scratch_elems(total / 2, 1, total);
   if (!base) return base.status();
   uint8_t* acc = base.value();
   uint8_t* area = acc + p.bytes(total / 2);

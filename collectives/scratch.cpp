@@ -25,11 +25,19 @@ auto best_fit(List& list, Fits fits, Size size) {
   return best;
 }
 
+// Blocks are rounded up to powers of two: past this size the rounding would not fit.
+constexpr std::size_t kMaxBlock = std::size_t{1} << (sizeof(std::size_t) * 8 - 1);
+
+Status too_large(std::size_t bytes) {
+  return {ErrorCode::kNoMemory, "collective scratch of " + std::to_string(bytes) + " bytes does not fit in memory"};
+}
+
 }  // namespace
 
 void Scratch::HeapFree::operator()(uint8_t* p) const { ::operator delete(p, kAlign); }
 
 Result<Memory> ScratchPool::take(core::ContextImpl& ctx, const DeviceId& device, std::size_t bytes) {
+  if (bytes > kMaxBlock) return too_large(bytes);
   {
     std::lock_guard lock(mu_);
     // The smallest free block of this device that fits.
@@ -73,6 +81,7 @@ void ScratchPool::give_host(uint8_t* block, std::size_t size) {
 
 Result<uint8_t*> ScratchPool::take_staging(core::LoadedProvider* p, std::size_t bytes, std::size_t limit,
                                            std::size_t& size) {
+  if (bytes > kMaxBlock) return too_large(bytes);
   // Sizes in eighths of a power of two: at most 12.5 % unused, and few distinct sizes.
   const std::size_t want = std::max<std::size_t>(bytes, kMinBlock), step = std::bit_ceil(want) / 8;
   size = (want + step - 1) / step * step;
@@ -153,6 +162,7 @@ Scratch::~Scratch() {
 
 Result<uint8_t*> Scratch::get(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
+  if (bytes > kMaxBlock) return too_large(bytes);
   if (device_.provider == "cpu") {
     // Host scratch comes from the heap, not from the cpu provider: the provider maps every
     // block afresh (and unmaps it on free), so each collective would fault its scratch in

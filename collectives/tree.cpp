@@ -70,7 +70,7 @@ Result<ActionId> reduce_tree(Plan& p, const void* send, void* recv, std::size_t 
   std::vector<SlotRing> rings;
   if (!sh.children.empty()) {
     const std::size_t slot_elems = p.chunk_of(count, 0).len, nslots = std::min(chunks, kSlots);
-    auto base = p.scratch_elems(slot_elems * nslots * sh.children.size() + (is_root ? 0 : count));
+    auto base = p.scratch_elems(slot_elems * nslots * sh.children.size(), 1, is_root ? 0 : count);
     if (!base) return base.status();
     for (std::size_t i = 0; i < sh.children.size(); ++i)
       rings.emplace_back(base.value() + p.bytes(i * slot_elems * nslots), p.bytes(slot_elems), nslots);

@@ -33,7 +33,9 @@ SharedRing::SharedRing(int fd, void* base, size_t bytes)
       bytes_(bytes),
       ctl_(static_cast<RingControl*>(base)),
       data_(static_cast<char*>(base) + kDataOffset),
-      cap_(ctl_->capacity) {}
+      // From the mapping's size, not from the control block: a peer's ring is checked
+      // once (map), and the peer could change the word after that check.
+      cap_(bytes - kDataOffset) {}
 
 SharedRing::~SharedRing() {
   munmap(base_, bytes_);

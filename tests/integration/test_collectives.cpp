@@ -1033,6 +1033,25 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
     Communicator empty;
     if (int rc = invalid(barrier(empty), "empty")) return rc;
     if (int rc = invalid(Group(e.comm).send(a.data(), SIZE_MAX / 2, f32, 1 - e.rank).end(), "overflows")) return rc;
+    // An algorithm's scratch is a multiple of the count: where that does not fit, the call
+    // fails here (rd's 2 x 2^63 bytes wrapped to 0, reduce_scatter's 3 x 2^62 rounded up to
+    // a 1-byte block; the communicator was lost, or the heap corrupted).
+    const auto u8 = DataType::kUint8;
+    const std::size_t half = std::size_t{1} << 63;
+    Status big = all_reduce(e.comm, a.data(), a.data(), half, u8, sum, {"rd", std::nullopt}).wait(kWait);
+    HMC_EXPECT(big.code() == ErrorCode::kNoMemory, "all_reduce rd of 2^63 bytes: " + big.to_string());
+    // In place: recv = send + rank x recv_count (never touched: the call fails first).
+    auto* own_block = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(a.data()) + e.rank * (half / 2));
+    big = reduce_scatter(e.comm, a.data(), own_block, half / 2, u8, sum, {"rd", std::nullopt}).wait(kWait);
+    HMC_EXPECT(big.code() == ErrorCode::kNoMemory, "reduce_scatter rd of 2 x 2^62 bytes: " + big.to_string());
+    // In place, an empty block's displacement may point anywhere: only the blocks that are
+    // sent are copied aside (a displacement of 2^26 copied 256 MiB out of a 16-byte buffer).
+    std::vector<float> c{5.f, 6.f, 7.f, 8.f};
+    std::vector<std::size_t> own(2, 0), far(2, std::size_t{1} << 26);
+    own[e.rank] = 2;
+    far[e.rank] = 0;
+    HMC_EXPECT_OK(all_to_all_v(e.comm, c.data(), own, far, c.data(), own, far, f32).wait(kWait));
+    HMC_EXPECT((c == std::vector<float>{5.f, 6.f, 7.f, 8.f}), "in-place all_to_all_v changed this rank's own block");
     // The calls above still took their sequence numbers on both ranks: this one matches.
     HMC_EXPECT_OK(all_reduce(e.comm, a.data(), a.data(), 16, f32, sum).wait(kWait));
     HMC_EXPECT(a[0] == 2.f, "all_reduce after invalid calls");
