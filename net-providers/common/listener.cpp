@@ -1,15 +1,46 @@
 #include "common/listener.h"
 
 #include <cstring>
+#include <vector>
 
 #include "common/stream_provider.h"
 
 namespace hmc_net {
+namespace {
+
+// A connection that has not said hello (and been checked) within this is closed, and past
+// this many waiting at once new ones are closed at once: a stranger holding connections
+// open could otherwise use up the descriptors of the process (a peer says hello as soon
+// as it connects).
+constexpr auto kHelloWait = std::chrono::seconds(10);
+constexpr std::size_t kMaxHandshaking = 128;
+
+}  // namespace
 
 Listener::Listener(StreamProvider& owner, Acceptor acceptor, std::string addr)
-    : owner_(owner), acceptor_(std::move(acceptor)), addr_(std::move(addr)), retry_(owner.io()) {}
+    : owner_(owner), acceptor_(std::move(acceptor)), addr_(std::move(addr)), retry_(owner.io()), sweep_(owner.io()) {}
 
-void Listener::start() { accept_next(); }
+void Listener::start() {
+  accept_next();
+  sweep();
+}
+
+void Listener::sweep() {
+  sweep_.expires_after(std::chrono::seconds(1));
+  sweep_.async_wait([weak = std::weak_ptr<Listener>(shared_from_this())](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (ec || !self || self->closed_) return;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<Connection>> late;
+    for (const auto& [conn, since] : self->handshaking_)
+      if (now - since >= kHelloWait) late.push_back(conn);
+    for (auto& conn : late) {  // out of the table first: closing may report the hello failed
+      self->handshaking_.erase(conn);
+      conn->close(HMC_PROV_ERR_REFUSED, "no hello within 10 s");
+    }
+    self->sweep();
+  });
+}
 
 void Listener::accept_next() {
   acceptor_.async_accept(
@@ -25,8 +56,13 @@ void Listener::accept_next() {
           });
           return;
         }
+        if (self->handshaking_.size() >= kMaxHandshaking) {
+          boost::system::error_code ignored;
+          socket.close(ignored);
+          return self->accept_next();
+        }
         auto conn = std::make_shared<Connection>(self->owner_, std::move(socket), std::string());
-        self->handshaking_.insert(conn);
+        self->handshaking_.emplace(conn, std::chrono::steady_clock::now());
         std::weak_ptr<Listener> weak = self;
         conn->start_accepted([weak](const std::shared_ptr<Connection>& c, bool ok) {
           if (auto l = weak.lock()) l->on_hello(c, ok);
@@ -64,6 +100,7 @@ void Listener::close() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   retry_.cancel();
+  sweep_.cancel();
   auto pending = std::move(handshaking_);
   handshaking_.clear();
   std::deque<std::shared_ptr<Connection>> ready;
@@ -71,7 +108,7 @@ void Listener::close() {
     std::lock_guard lock(mu_);
     ready.swap(ready_);
   }
-  for (auto& c : pending) c->close(HMC_PROV_ERR_CLOSED, "listener closed");
+  for (auto& [c, since] : pending) c->close(HMC_PROV_ERR_CLOSED, "listener closed");
   for (auto& c : ready) c->close(HMC_PROV_ERR_CLOSED, "listener closed");
 }
 

@@ -5,11 +5,12 @@
 #include <boost/asio/basic_socket_acceptor.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "common/connection.h"
 
@@ -33,13 +34,16 @@ class Listener : public std::enable_shared_from_this<Listener> {
  private:
   void accept_next();
   void on_hello(const std::shared_ptr<Connection>& conn, bool ok);
+  void sweep();  // io thread, once a second: closes connections past their hello's time
 
   StreamProvider& owner_;
   Acceptor acceptor_;
   std::string addr_;
   boost::asio::steady_timer retry_;
-  bool closed_ = false;                                          // io thread
-  std::unordered_set<std::shared_ptr<Connection>> handshaking_;  // io thread
+  boost::asio::steady_timer sweep_;
+  bool closed_ = false;  // io thread
+  // Connections not yet through their hello, and when each came (io thread).
+  std::unordered_map<std::shared_ptr<Connection>, std::chrono::steady_clock::time_point> handshaking_;
   std::mutex mu_;
   std::deque<std::shared_ptr<Connection>> ready_;
 };

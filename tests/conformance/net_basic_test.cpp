@@ -1,5 +1,10 @@
 // The table, init and parameters, props, and connection setup with the hello.
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -252,6 +257,57 @@ TEST_CASE("net: a connection refused after its hello fails the connector; the li
     }
     CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
     CHECK(s.p->close_conn(s.state, kept) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
+  });
+}
+
+// tcp's listener is open to the network: connections that never say hello must not pile
+// up, or a stranger holding them open would use up this process's descriptors. Past 128
+// waiting at once, new ones are closed at once; once the idle ones go, peers connect.
+TEST_CASE("net: tcp closes connections beyond those waiting for their hello", "[net][connect]") {
+  for_each_plugin([](Session& s) {
+    if (std::string(s.p->name) != "tcp") return;  // the address below is tcp's "ip:port"
+    Link local = listen_local(s);
+    const std::string text(local.addr.c_str());
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(text.substr(text.rfind(':') + 1))));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    auto dial = [&] {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      REQUIRE(fd >= 0);
+      REQUIRE(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0);
+      return fd;
+    };
+    // Closed by the listener within `wait`: the read sees the end (or a reset).
+    auto hung_up = [](int fd, int wait_ms) {
+      pollfd p{fd, POLLIN, 0};
+      char c;
+      return poll(&p, 1, wait_ms) == 1 && read(fd, &c, 1) <= 0;
+    };
+    std::vector<int> idle;
+    for (int i = 0; i < 128; ++i) idle.push_back(dial());
+    // The listener accepts in the background: knock until one is turned away at once.
+    bool turned_away = false;
+    for (int knock = 0; knock < 20 && !turned_away; ++knock) {
+      const int fd = dial();
+      turned_away = hung_up(fd, 200);
+      if (turned_away) close(fd);
+      else idle.push_back(fd);
+    }
+    CHECK(turned_away);
+    for (int fd : idle) close(fd);
+    // The stranger's connections gone, a peer connects as before.
+    const std::vector<char> hello = {'o', 'k'};
+    void* c = nullptr;
+    REQUIRE(s.p->connect(s.state, local.addr.data(), local.addr.size(), hello.data(), hello.size(), &c) == HMC_PROV_OK);
+    std::vector<char> got;
+    void* accepted = s.accept(local.listener, &got);
+    REQUIRE(accepted != nullptr);
+    CHECK(got == hello);
+    CHECK(s.wait_connected(c) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, c) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, accepted) == HMC_PROV_OK);
     CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
   });
 }
