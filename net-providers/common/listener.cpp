@@ -1,5 +1,8 @@
 #include "common/listener.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -9,16 +12,28 @@ namespace hmc_net {
 namespace {
 
 // A connection that has not said hello (and been checked) within this is closed, and past
-// this many waiting at once new ones are closed at once: a stranger holding connections
-// open could otherwise use up the descriptors of the process (a peer says hello as soon
-// as it connects).
+// handshaking_limit() waiting at once new ones are closed at once: a stranger holding
+// connections open could otherwise use up the descriptors of the process (a peer says
+// hello as soon as it connects).
 constexpr auto kHelloWait = std::chrono::seconds(10);
-constexpr std::size_t kMaxHandshaking = 128;
+
+// A quarter of the descriptors this process may open, and at least 256: a job large
+// enough for a burst of peers to come near it needs a descriptor per peer anyway.
+std::size_t handshaking_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 1 << 16;
+  return std::max<std::size_t>(256, r.rlim_cur / 4);
+}
 
 }  // namespace
 
 Listener::Listener(StreamProvider& owner, Acceptor acceptor, std::string addr)
-    : owner_(owner), acceptor_(std::move(acceptor)), addr_(std::move(addr)), retry_(owner.io()), sweep_(owner.io()) {}
+    : owner_(owner),
+      acceptor_(std::move(acceptor)),
+      addr_(std::move(addr)),
+      retry_(owner.io()),
+      sweep_(owner.io()),
+      max_handshaking_(handshaking_limit()) {}
 
 void Listener::start() {
   accept_next();
@@ -56,7 +71,7 @@ void Listener::accept_next() {
           });
           return;
         }
-        if (self->handshaking_.size() >= kMaxHandshaking) {
+        if (self->handshaking_.size() >= self->max_handshaking_) {
           boost::system::error_code ignored;
           socket.close(ignored);
           return self->accept_next();

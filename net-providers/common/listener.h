@@ -41,6 +41,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::string addr_;
   boost::asio::steady_timer retry_;
   boost::asio::steady_timer sweep_;
+  const std::size_t max_handshaking_;  // connections waiting for their hello at once
   bool closed_ = false;  // io thread
   // Connections not yet through their hello, and when each came (io thread).
   std::unordered_map<std::shared_ptr<Connection>, std::chrono::steady_clock::time_point> handshaking_;

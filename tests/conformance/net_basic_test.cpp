@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -262,12 +263,19 @@ TEST_CASE("net: a connection refused after its hello fails the connector; the li
 }
 
 // tcp's listener is open to the network: connections that never say hello must not pile
-// up, or a stranger holding them open would use up this process's descriptors. Past 128
-// waiting at once, new ones are closed at once; once the idle ones go, peers connect.
+// up, or a stranger holding them open would use up this process's descriptors. Past a
+// quarter of the descriptor limit (at least 256) waiting at once, new ones are closed at
+// once; once the idle ones go, peers connect. The limit is lowered to 1024 for the test.
 TEST_CASE("net: tcp closes connections beyond those waiting for their hello", "[net][connect]") {
   for_each_plugin([](Session& s) {
     if (std::string(s.p->name) != "tcp") return;  // the address below is tcp's "ip:port"
-    Link local = listen_local(s);
+    rlimit was{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0);
+    rlimit low = was;
+    low.rlim_cur = std::min<rlim_t>(was.rlim_cur, 1024);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    Link local = listen_local(s);  // its limit: 256
+    setrlimit(RLIMIT_NOFILE, &was);
     const std::string text(local.addr.c_str());
     sockaddr_in to{};
     to.sin_family = AF_INET;
@@ -286,7 +294,7 @@ TEST_CASE("net: tcp closes connections beyond those waiting for their hello", "[
       return poll(&p, 1, wait_ms) == 1 && read(fd, &c, 1) <= 0;
     };
     std::vector<int> idle;
-    for (int i = 0; i < 128; ++i) idle.push_back(dial());
+    for (int i = 0; i < 256; ++i) idle.push_back(dial());
     // The listener accepts in the background: knock until one is turned away at once.
     bool turned_away = false;
     for (int knock = 0; knock < 20 && !turned_away; ++knock) {
