@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 extern char** environ;
@@ -65,15 +67,26 @@ Status validate(const ParamDef& def, const std::string& value) {
 
 }  // namespace
 
-std::optional<uint64_t> parse_size(const std::string& text) {
-  if (text.empty()) return std::nullopt;
+namespace {
+
+// The number a size or a duration starts with, and its unit in lower case. strtod also
+// reads "nan", "inf" and signs, which neither is: !(v >= 0) refuses NaN, isfinite the
+// infinities, and a '-' anywhere "-0" (and exponents such as "1e-3K").
+std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
+  if (text.empty() || text.find('-') != std::string::npos) return std::nullopt;
   char* end = nullptr;
   errno = 0;
-  double v = std::strtod(text.c_str(), &end);
-  // strtod also reads "nan", "inf" and signs: a size is none of them. !(v >= 0) is true for
-  // NaN; a '-' anywhere also refuses "-0" (and exponents such as "1e-3K").
-  if (end == text.c_str() || errno != 0 || !(v >= 0) || text.find('-') != std::string::npos) return std::nullopt;
-  std::string unit = lower(end);
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || errno != 0 || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
+  return std::make_pair(v, lower(end));
+}
+
+}  // namespace
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  auto parsed = number_and_unit(text);
+  if (!parsed) return std::nullopt;
+  auto& [v, unit] = *parsed;
   if (!unit.empty() && unit.back() == 'b') unit.pop_back();   // "kb", "mib" -> "k", "mi"
   if (!unit.empty() && unit.back() == 'i') unit.pop_back();
   double mul = 1;
@@ -82,20 +95,16 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   else if (unit == "g") mul = 1024.0 * 1024 * 1024;
   else if (unit == "t") mul = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty()) return std::nullopt;
-  // 2^64 and beyond do not fit (converting them is undefined): "inf", "1e30", "16777216T".
+  // 2^64 and beyond do not fit (converting them is undefined): "1e30", "16777216T".
   const double bytes = v * mul;
   if (!(bytes < 18446744073709551616.0)) return std::nullopt;
   return static_cast<uint64_t>(bytes);
 }
 
 std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(text.c_str(), &end);
-  // As parse_size: NaN, infinities and signs are no durations.
-  if (end == text.c_str() || errno != 0 || !(v >= 0) || text.find('-') != std::string::npos) return std::nullopt;
-  std::string unit = lower(end);
+  auto parsed = number_and_unit(text);
+  if (!parsed) return std::nullopt;
+  const auto& [v, unit] = *parsed;
   double us;
   if (unit.empty() || unit == "s") us = v * 1e6;
   else if (unit == "us") us = v;

@@ -128,10 +128,9 @@ TEST_CASE("device memory the application allocated moves like HMC's own", "[devi
   run_exchange({{"HMC_HOST_ID", "host-{rank}"}, {"HMC_STAGE_CHUNK", "1M"}}, Side::kForeignDevice, Side::kForeignDevice);
 }
 
-// Between ranks of one host such memory goes by IPC like HMC's own: the receiver exports
-// its buffer, kept by the provider's id of the allocation, and the sender imports it. The
-// emulator logs every export and import (counted here from both ranks' lines).
-std::map<std::string, int> ipc_events(const std::string& log) {
+// The events the emulator logged to `log` (HMC_EMU_REGISTER_LOG) by every rank, counted by
+// kind; the file is removed.
+std::map<std::string, int> logged_events(const std::string& log) {
   std::map<std::string, int> count;
   std::ifstream in(log);
   std::string what;
@@ -141,6 +140,8 @@ std::map<std::string, int> ipc_events(const std::string& log) {
   return count;
 }
 
+// Between ranks of one host such memory goes by IPC like HMC's own: the receiver exports
+// its buffer, kept by the provider's id of the allocation, and the sender imports it.
 TEST_CASE("device memory the application allocated goes by IPC on one host", "[device][p2p][foreign]") {
   if (device_under_test() != "emu") {
     WARN("only the emulated provider logs its IPC: skipped for " << device_under_test());
@@ -151,7 +152,7 @@ TEST_CASE("device memory the application allocated goes by IPC on one host", "[d
   // Each of the exchange's 10 messages (5 sizes, both ways) lands in a fresh buffer: one
   // export and one import each.
   run_exchange({{"HMC_EMU_REGISTER_LOG", log}}, Side::kForeignDevice, Side::kForeignDevice);
-  auto count = ipc_events(log);
+  auto count = logged_events(log);
   CHECK(count["ipc_export"] == 10);
   CHECK(count["ipc_import"] == 10);
   // Five messages into one buffer: one of each. Then that buffer is freed and another made
@@ -181,7 +182,7 @@ TEST_CASE("device memory the application allocated goes by IPC on one host", "[d
     return 0;
   }, kWait);
   REQUIRE(all_ok(exits));
-  count = ipc_events(log);
+  count = logged_events(log);
   INFO("ipc_export " << count["ipc_export"] << ", ipc_import " << count["ipc_import"]);
   CHECK(count["ipc_export"] == 2);
   CHECK(count["ipc_import"] == 2);
@@ -315,17 +316,11 @@ TEST_CASE("host memory registered for device copies is unregistered before it go
   const std::map<std::string, std::string> settings = {{"HMC_EMU_REGISTER_LOG", log}, {"HMC_HOST_REGISTER", "1M"}};
   run_exchange(settings, Side::kDevice, Side::kShareableHost);
   run_exchange(settings, Side::kShareableHost, Side::kDevice);
-  int registered = 0, unregistered = 0;
-  std::vector<std::string> other;
-  std::ifstream in(log);
-  std::string what;
-  std::size_t bytes = 0;
-  while (in >> what >> bytes) {
-    if (what == "register") ++registered;
-    else if (what == "unregister") ++unregistered;
-    else if (what.rfind("ipc_", 0) != 0) other.push_back(what + " " + std::to_string(bytes));  // unmapped-before-unregister, left-registered
-  }
-  std::remove(log.c_str());
+  auto count = logged_events(log);
+  const int registered = count["register"], unregistered = count["unregister"];
+  std::vector<std::string> other;  // unmapped-before-unregister, left-registered
+  for (const auto& [what, n] : count)
+    if (what != "register" && what != "unregister" && what.rfind("ipc_", 0) != 0) other.push_back(what);
   INFO("register " << registered << ", unregister " << unregistered);
   // Two sizes >= 1M (1 MiB, 6 MiB + 5), each sent both ways, in each exchange: the peer's
   // imported buffer, then the sender's own buffer.
