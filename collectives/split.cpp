@@ -31,7 +31,7 @@ struct SplitBuffers {
 
 Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key) {
   if (comm.size() == 0) return Status(ErrorCode::kInvalidArgument, "split: communicator is empty");
-  if (!ctx.valid()) return Status(ErrorCode::kInvalidArgument, "split: context is empty (moved from)");
+  if (!ctx.valid()) return core::empty_context("split");
   if (&ctx.impl() != &comm.impl().context())
     return Status(ErrorCode::kInvalidArgument, "split: the context is not the one the communicator was created with");
   const int n = comm.size(), r = comm.rank();

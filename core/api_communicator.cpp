@@ -46,14 +46,14 @@ Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 Communicator::~Communicator() = default;
 
 Result<Communicator> Communicator::create(Context& ctx, const UniqueId& id, int rank, int size) {
-  if (!ctx.valid()) return Status(ErrorCode::kInvalidArgument, "Communicator::create: context is empty (moved from)");
+  if (!ctx.valid()) return core::empty_context("Communicator::create");
   auto impl = core::CommImpl::create(ctx.impl(), id, rank, size);
   if (!impl) return impl.status();
   return Communicator(std::move(impl.value()));
 }
 
 Result<Communicator> Communicator::from_env(Context& ctx) {
-  if (!ctx.valid()) return Status(ErrorCode::kInvalidArgument, "Communicator::from_env: context is empty (moved from)");
+  if (!ctx.valid()) return core::empty_context("Communicator::from_env");
   auto& cfg = ctx.impl().config();
   auto first = [&](std::initializer_list<const char*> names) -> std::string {
     for (const char* n : names)

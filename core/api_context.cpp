@@ -20,9 +20,11 @@ Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;
 Context::~Context() = default;
 
-namespace {
-Status empty_context() { return {ErrorCode::kInvalidArgument, "context is empty (moved from)"}; }
-}  // namespace
+namespace core {
+Status empty_context(const std::string& where) {
+  return {ErrorCode::kInvalidArgument, where + ": context is empty (moved from)"};
+}
+}  // namespace core
 
 std::vector<ProviderInfo> Context::providers() const {
   return impl_ ? impl_->registry().report() : std::vector<ProviderInfo>{};
@@ -32,15 +34,15 @@ std::vector<ConfigEntry> Context::config() const {
   return impl_ ? impl_->config().entries() : std::vector<ConfigEntry>{};
 }
 Result<Memory> Context::alloc(const DeviceId& device, std::size_t bytes, AllocKind kind) {
-  if (!impl_) return empty_context();
+  if (!impl_) return core::empty_context("Context::alloc");
   return impl_->alloc(device, bytes, kind);
 }
 Status Context::copy(void* dst, const void* src, std::size_t bytes) {
-  return impl_ ? impl_->copy(dst, src, bytes) : empty_context();
+  return impl_ ? impl_->copy(dst, src, bytes) : core::empty_context("Context::copy");
 }
 DeviceId Context::device_of(const void* ptr) const { return impl_ ? impl_->device_of(ptr) : DeviceId{}; }
 Result<UniqueId> Context::create_unique_id() {
-  if (!impl_) return empty_context();
+  if (!impl_) return core::empty_context("Context::create_unique_id");
   return impl_->create_unique_id();
 }
 

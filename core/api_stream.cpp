@@ -15,7 +15,7 @@ Status failed(const core::LoadedProvider& p, const std::string& what) {
 }  // namespace
 
 Result<Stream> Stream::create(Context& ctx, const DeviceId& device) {
-  if (!ctx.valid()) return Status(ErrorCode::kInvalidArgument, "Stream::create: context is empty (moved from)");
+  if (!ctx.valid()) return core::empty_context("Stream::create");
   core::LoadedProvider* p = ctx.impl().registry().device(device.provider);
   if (!p) return Status(ErrorCode::kUnavailable, "no device provider '" + device.provider + "' is loaded");
   // cpu's stream tokens order nothing (its work is synchronous), and collectives refuse a

@@ -133,5 +133,7 @@ class ContextImpl {
 
 // Reads provider `p`'s last error for messages.
 std::string provider_error(const LoadedProvider& p);
+// What a call given a moved-from Context answers ("<where>: context is empty ...").
+Status empty_context(const std::string& where);
 
 }  // namespace hmc::core
