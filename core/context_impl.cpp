@@ -246,8 +246,16 @@ ContextImpl::MemInfo ContextImpl::foreign(const void* ptr) const {
     uint64_t id = 0;
     const int rc = p->dev->mem_query(p->state, ptr, &device, &base, &bytes, &id);
     if (rc == 0) return {p, device, true, 0, AllocKind::kDefault, static_cast<const uint8_t*>(base), bytes, id};
-    // A failed query leaves the memory to the next provider, and in the end to the host.
-    if (rc < 0) HMC_LOG("core", debug, "{} could not say whether {} is its memory: {}", p->name, ptr, provider_error(*p));
+    // A failed query leaves the memory to the next provider, and in the end to the host:
+    // said once as a warning (a driver that fails it fails it on every message), as device
+    // memory taken for host memory faults when the CPU copies it.
+    if (rc < 0) {
+      static std::atomic<bool> said{false};
+      const std::string text = fmt::format("{} could not say whether {} is its memory ({}); taken for host memory",
+                                           p->name, ptr, provider_error(*p));
+      if (!said.exchange(true)) HMC_LOG("core", warn, "{}", text);
+      else HMC_LOG("core", debug, "{}", text);
+    }
   }
   return {registry_->device("cpu"), 0, false, 0, AllocKind::kDefault, nullptr, 0, 0};
 }
