@@ -74,12 +74,15 @@ int map_shareable(size_t length, Block* block, void** ptr) {
   block->id = next_memfd_id();
   char name[64];
   memfd_name(block->id, name, sizeof(name));
-  const int fd = memfd_create(name, MFD_CLOEXEC);
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return fail(HMC_PROV_ERR_NO_MEMORY, "memfd_create: %s", std::strerror(errno));
-  if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+  // Sealed once sized: a process that maps it (ipc_import, shm's puts) would die of SIGBUS
+  // on a page past the end if the file shrank under its mapping.
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     const int err = errno;
     close(fd);
-    return fail(HMC_PROV_ERR_NO_MEMORY, "ftruncate of a %zu-byte memfd: %s", length,
+    return fail(HMC_PROV_ERR_NO_MEMORY, "sizing and sealing a %zu-byte memfd: %s", length,
                 std::strerror(err));
   }
   void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -273,6 +276,13 @@ int open_exported(const IpcHandle& h, int* out_fd) {
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < h.offset + h.bytes) {
     close(fd);
     return fail(HMC_PROV_ERR_INVALID, "ipc_import: the exported file is smaller than the handle says");
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    close(fd);
+    return fail(HMC_PROV_ERR_INVALID,
+                "ipc_import: the exported file is not sealed against shrinking; its owner could "
+                "shrink it under the mapping");
   }
   *out_fd = fd;
   return HMC_PROV_OK;

@@ -1,5 +1,7 @@
 #include "common/msg_ring.h"
 
+#include "common/sealed_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -45,10 +47,9 @@ SharedRing::~SharedRing() {
 std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, std::string& why) {
   const uint64_t cap = std::bit_ceil(std::max<uint64_t>(capacity, kMinCapacity));
   const size_t bytes = kDataOffset + cap;
-  const int fd = memfd_create("hmc-ring", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    why = std::string("memfd for a message ring: ") + std::strerror(errno);
-    if (fd >= 0) close(fd);
+  const int fd = create_sealed_memfd("hmc-ring", bytes, why);
+  if (fd < 0) {
+    why = "a message ring: " + why;
     return nullptr;
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -76,6 +77,8 @@ std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, uint64_t by
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || bytes <= kDataOffset ||
       static_cast<uint64_t>(st.st_size) != bytes) {
     why = path + " is not a message ring of " + std::to_string(bytes) + " bytes";
+  } else if (!cannot_shrink(fd)) {
+    why = not_sealed(path);
   } else {
     base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) why = "mmap of " + path + ": " + std::strerror(errno);

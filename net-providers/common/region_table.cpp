@@ -1,5 +1,7 @@
 #include "common/region_table.h"
 
+#include "common/sealed_file.h"
+
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -45,14 +47,16 @@ bool RegionTable::share_descriptors(std::string& why) {
     return false;
   }
   const size_t bytes = kSharedSlots * sizeof(RegionDesc);
-  const int fd = memfd_create("hmc-regions", MFD_CLOEXEC);
+  const int fd = create_sealed_memfd("hmc-regions", bytes, why);
+  if (fd < 0) {
+    why = "memfd for region descriptors: " + why;
+    return false;
+  }
   struct stat st {};
-  void* base = MAP_FAILED;
-  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fstat(fd, &st) == 0)
-    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = fstat(fd, &st) == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (base == MAP_FAILED) {
-    why = std::string("memfd for region descriptors: ") + std::strerror(errno);
-    if (fd >= 0) close(fd);
+    why = std::string("mapping the region descriptors: ") + std::strerror(errno);
+    close(fd);
     return false;
   }
   shared_ = static_cast<RegionDesc*>(base);  // descriptors begin when their slot does (add)

@@ -1,5 +1,7 @@
 #include "shm/shared_file.h"
 
+#include "common/sealed_file.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -200,7 +202,8 @@ bool find_shared_file(const void* ptr, size_t len, hmc_net::RegionFile& out, Map
                          : find_mapping(begin, begin + len, dev, ino, offset);
   if (!found) return false;
   const int fd = find_fd(dev, ino);
-  if (fd < 0) return false;
+  // Peers map only files sealed against shrinking (open_peer_file): others are not offered.
+  if (fd < 0 || !hmc_net::cannot_shrink(fd)) return false;
   out = hmc_net::RegionFile{fd, offset, dev, ino};
   return true;
 }
@@ -229,7 +232,9 @@ namespace {
 
 // The peer's file `file` opened here through /proc/<pid>/fd (same user; the kernel applies
 // the ptrace access check), after checking that it is still that very file (regular, same
-// device and inode) and that it is at least `least` bytes long; -1 with `why` otherwise.
+// device and inode), at least `least` bytes long and sealed against shrinking (a peer that
+// shrank a file mapped here would make the next copy through the mapping die of SIGBUS);
+// -1 with `why` otherwise.
 int open_peer_file(int pid, const hmc_net::RegionFile& file, int flags, uint64_t least,
                    const std::string& what, std::string& why) {
   char path[64];
@@ -245,6 +250,8 @@ int open_peer_file(int pid, const hmc_net::RegionFile& file, int flags, uint64_t
     why = std::string(path) + " is no longer the file of " + what;
   } else if (static_cast<uint64_t>(st.st_size) < least) {
     why = std::string(path) + " is shorter than " + what;
+  } else if (!hmc_net::cannot_shrink(fd)) {
+    why = hmc_net::not_sealed(std::string(path) + " (" + what + ")");
   } else {
     return fd;
   }

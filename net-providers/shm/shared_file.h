@@ -1,20 +1,25 @@
 // shm's memcpy puts into regions that live in a shared file (Linux).
 //
 // HMC_ALLOC_SHAREABLE memory (device-providers/cpu) is a memfd mapped
-// MAP_SHARED whose fd the owner keeps open; /dev/shm files work the same way.
-// For such a region the initiator of a put can map the very same pages and
-// copy with a plain memcpy, which runs at about twice the speed of
-// process_vm_writev on the kernels we measured.
+// MAP_SHARED whose fd the owner keeps open, sealed against shrinking. For such a
+// region the initiator of a put can map the very same pages and copy with a
+// plain memcpy, which runs at about twice the speed of process_vm_writev on the
+// kernels we measured. Files without that seal (a /dev/shm file, the
+// application's own memfd) are not mapped: their owner could shrink them under
+// the mapping, and the initiator's next copy would die of SIGBUS
+// (common/sealed_file.h); puts into them use process_vm_writev, which fails
+// cleanly instead.
 //
 // find_shared_file (the region's owner, at reg_mem): whether [ptr, ptr+len)
 // lies in one writable MAP_SHARED mapping of a regular file (/proc/self/maps,
-// adjacent pieces of one mapping are joined) and which fd of this process is
-// open on that file (/proc/self/fd, matched by st_dev and st_ino).
+// adjacent pieces of one mapping are joined), which fd of this process is
+// open on that file (/proc/self/fd, matched by st_dev and st_ino), and that
+// the file is sealed against shrinking.
 //
 // PeerMappings (the initiator, on the io thread): one connection's cache of
 // peer regions mapped here. A miss opens /proc/<pid>/fd/<fd> (same user; the
 // kernel applies the ptrace access check), checks that it is a regular file
-// with the identity and size the target's descriptor names, and maps the
+// with the identity and size the target's descriptor names and the seal, and maps the
 // region's pages MAP_SHARED. Entries are keyed by region id and key, at most
 // one per region id (a new registration of the slot replaces the old one),
 // at most kMaxEntries (least recently used goes); failures are cached too, so

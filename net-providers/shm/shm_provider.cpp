@@ -12,7 +12,9 @@
  * thread): frames queued after the put leave only after the copy,
  * which gives net.h's ordering contract. The put completes when the data is
  * in the target's memory. A region in a MAP_SHARED file mapping whose fd the
- * target holds (HMC_ALLOC_SHAREABLE memory: a memfd; /dev/shm files) is mapped
+ * target holds and that is sealed against shrinking (HMC_ALLOC_SHAREABLE memory:
+ * a sealed memfd; not /dev/shm files, whose owner could shrink them under the
+ * mapping and make the copy die of SIGBUS) is mapped
  * here through /proc/<pid>/fd/<fd> and written with memcpy (shared_file.h;
  * about twice as fast as CMA); any other region, or any failure to map (logged
  * once per connection at debug), is written with process_vm_writev
@@ -68,8 +70,8 @@ const hmc_param_t kParams[] = {
     {"HMC_SHM_CMA", "bool", "1",
      "single-copy puts with process_vm_writev; 0 sends put data through the socket"},
     {"HMC_SHM_MAP", "bool", "1",
-     "single-copy puts into a peer region in a shared file (memfd, /dev/shm) map it and use "
-     "memcpy; 0 always uses process_vm_writev"},
+     "single-copy puts into a peer region in a shared file sealed against shrinking "
+     "(HMC_ALLOC_SHAREABLE memory) map it and use memcpy; 0 always uses process_vm_writev"},
     {"HMC_SHM_RING", "size", "512K",
      "shared-memory message ring of each connection, per direction (rounded up to a power of two, "
      "at least 64K); 0 sends messages through the socket"},

@@ -12,8 +12,12 @@
 //           region, reports; after the parent's "go" tries the other
 //           region's stale key and every one-byte change of the key, reports;
 //           then waits for the parent's "bye".
+//   shrink: the region's owner: offers a region in a shared file without seals,
+//           checks the parent's put into it, shrinks the file to nothing and
+//           says so (ShrinkKey, net_child.h); then waits for the parent's "bye".
 #include "net_child.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -125,6 +129,32 @@ int put_mode(Session& s, void* conn) {
   return 0;
 }
 
+int shrink_mode(Session& s, void* conn) {
+  SharedMem mem(kShrinkLen, kPoison, /*sealed=*/false);
+  if (mem.data() == nullptr) return fail("shared memory", mem.error());
+  void* mr = nullptr;
+  if (int rc = s.p->reg_mem(s.state, mem.data(), mem.size(), HMC_MEM_HOST, &mr); rc != HMC_PROV_OK)
+    return fail("reg_mem", std::to_string(rc));
+  ShrinkKey key{};
+  size_t len = 0;
+  if (s.p->pack_rkey(s.state, mr, key.rkey, sizeof(key.rkey), &len) != HMC_PROV_OK || len > sizeof(key.rkey))
+    return fail("pack_rkey");
+  key.rkey_len = static_cast<uint32_t>(len);
+  if (int rc = send_wait(s, conn, &key, sizeof(key)); rc != HMC_PROV_OK) return fail("send key", std::to_string(rc));
+  uint32_t marker = 0;
+  if (int rc = recv_wait(s, conn, &marker, sizeof(marker), sizeof(marker)); rc != HMC_PROV_OK || marker != kMarker)
+    return fail("marker", std::to_string(rc));
+  const std::vector<char> want = random_bytes(kShrinkPut, kShrinkSalt);
+  if (size_t at = first_diff(mem.data(), want.data(), want.size()); at != want.size())
+    return fail("the first put's data differs at byte", std::to_string(at));
+  if (ftruncate(mem.fd(), 0) != 0) return fail("ftruncate");
+  if (int rc = send_wait(s, conn, &marker, sizeof(marker)); rc != HMC_PROV_OK) return fail("send shrunk", std::to_string(rc));
+  char bye[8];
+  if (int rc = recv_wait(s, conn, bye, sizeof(bye), 4)) return fail("bye", std::to_string(rc));
+  s.p->dereg_mem(s.state, mr);
+  return 0;
+}
+
 }  // namespace
 
 int child_main(int argc, char** argv) {
@@ -143,6 +173,7 @@ int child_main(int argc, char** argv) {
   if (mode == "stream") return stream_mode(s, conn);
   if (mode == "last") return last_mode(s, conn);
   if (mode == "put") return put_mode(s, conn);
+  if (mode == "shrink") return shrink_mode(s, conn);
   return fail("unknown mode", mode);
 }
 

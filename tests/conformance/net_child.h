@@ -41,6 +41,19 @@ struct PutReport {  // phase 1
   int32_t other_rc;
 };
 
+// Shrink mode (the child owns the region): the child's region is kShrinkLen bytes of a
+// shared file without seals, whose key it sends first; the parent puts kShrinkPut bytes
+// of kShrinkSalt data at offset 0 and sends kMarker; the child checks them, shrinks the
+// file to nothing and answers kMarker; the parent's next put must fail.
+inline constexpr uint64_t kShrinkLen = 1 << 20;
+inline constexpr uint64_t kShrinkPut = 64 << 10;
+inline constexpr uint64_t kShrinkSalt = 79;
+
+struct ShrinkKey {
+  uint32_t rkey_len;
+  uint8_t rkey[HMC_NET_RKEY_MAX];
+};
+
 struct StaleReport {  // phase 2
   int32_t stale_rc;
   uint32_t changed_tried;

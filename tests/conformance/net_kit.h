@@ -168,11 +168,13 @@ int child_main(int argc, char** argv);  // dispatch for --hmc-net-child
 inline constexpr const char* kChildFlag = "--hmc-net-child";
 
 // Host memory the way HMC_ALLOC_SHAREABLE makes it (device-providers/cpu): a
-// memfd mapped MAP_SHARED whose fd stays open in this process, filled with
-// `fill`. data() is nullptr when memfd_create or mmap failed (see error()).
+// memfd mapped MAP_SHARED whose fd stays open in this process, sealed against
+// shrinking and growing, filled with `fill`. `sealed` false leaves the seals off,
+// as an application's own memfd or a /dev/shm file has them. data() is nullptr
+// when memfd_create, sealing or mmap failed (see error()).
 class SharedMem {
  public:
-  SharedMem(size_t len, unsigned char fill);
+  SharedMem(size_t len, unsigned char fill, bool sealed = true);
   SharedMem(const SharedMem&) = delete;
   SharedMem& operator=(const SharedMem&) = delete;
   ~SharedMem();

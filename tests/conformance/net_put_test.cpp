@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -367,6 +368,41 @@ TEST_CASE("net: a put from another process lands before its next message", "[net
       CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
       CHECK(s.p->close_listener(s.state, listener) == HMC_PROV_OK);
     }
+  });
+}
+
+// A peer that shrinks (ftruncate) the shared file its region lies in, after a first put
+// into it, through a bug or on purpose. Its next put must fail, and the initiator must live:
+// had it mapped the file to write with memcpy, it would die of SIGBUS (sealed files only,
+// common/sealed_file.h). The owner may die instead where it writes the data itself into
+// the mapping it shrank (tcp).
+TEST_CASE("net: a put into a shared file its owner shrank fails, and the initiator lives", "[net][put][process][shrink]") {
+  for_each_plugin([](Session& s) {
+    if (skip_without_put(s) || !s.has(HMC_NET_CAP_MSG)) return;
+    const Link local = listen_local(s);
+    Child child({"shrink", s.path, local.addr, std::to_string(seed())});
+    void* conn = s.accept(local.listener, nullptr);
+    REQUIRE(conn != nullptr);
+    const auto key = recv_from_child<ShrinkKey>(s, conn);
+    REQUIRE(key.rkey_len <= HMC_NET_RKEY_MAX);
+    const std::vector<uint8_t> rkey(key.rkey, key.rkey + key.rkey_len);
+    const auto data = random_bytes(kShrinkPut, kShrinkSalt);
+    Outcome first = put_outcome(s, conn, data.data(), data.size(), rkey, 0);
+    INFO("first put: rc " << first.rc << " " << first.message);
+    REQUIRE(first.rc == HMC_PROV_OK);
+    send_to_child(s, conn, &kMarker, sizeof(kMarker));
+    REQUIRE(recv_from_child<uint32_t>(s, conn) == kMarker);  // the file is empty now
+    Outcome o = put_outcome(s, conn, data.data(), data.size(), rkey, 0);
+    INFO("put after the shrink: rc " << o.rc << " " << o.message);
+    CHECK_FALSE(o.timed_out);
+    CHECK(o.rc != HMC_PROV_OK);
+    void* req = nullptr;
+    if (s.p->send_msg(s.state, conn, "bye", 4, &req) >= 0) (void)s.wait(req);
+    const int status = child.wait_exit(timeout());
+    INFO("child status " << status);
+    CHECK(((WIFEXITED(status) && WEXITSTATUS(status) == 0) || (WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS)));
+    CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
   });
 }
 

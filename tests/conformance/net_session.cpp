@@ -2,6 +2,7 @@
 // plugins, sessions and test data. Shared by hmc-conformance-net and
 // hmc-conformance-net-bw.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -222,8 +223,8 @@ int Session::wait_connected(void* conn) {
   return rc;
 }
 
-SharedMem::SharedMem(size_t len, unsigned char fill) : len_(len) {
-  fd_ = memfd_create("hmc-conformance", MFD_CLOEXEC);
+SharedMem::SharedMem(size_t len, unsigned char fill, bool sealed) : len_(len) {
+  fd_ = memfd_create("hmc-conformance", MFD_CLOEXEC | (sealed ? MFD_ALLOW_SEALING : 0));
   if (fd_ < 0) {
     error_ = std::string("memfd_create: ") + std::strerror(errno);
     return;
@@ -231,6 +232,10 @@ SharedMem::SharedMem(size_t len, unsigned char fill) : len_(len) {
   const size_t map_len = len > 0 ? len : 1;
   if (ftruncate(fd_, static_cast<off_t>(map_len)) != 0) {
     error_ = std::string("ftruncate: ") + std::strerror(errno);
+    return;
+  }
+  if (sealed && fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    error_ = std::string("F_ADD_SEALS: ") + std::strerror(errno);
     return;
   }
   void* p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);

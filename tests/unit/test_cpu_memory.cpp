@@ -1,7 +1,10 @@
 // The cpu provider's plain host blocks: from 64 KiB up on transparent huge pages
 // (device-providers/cpu/cpu_huge.h), smaller ones and HMC_CPU_HUGE_PAGES=0 as before.
 #include <catch2/catch.hpp>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -120,4 +123,32 @@ TEST_CASE("HMC_CPU_HUGE_PAGES=0 keeps every plain block on small pages", "[memor
   REQUIRE(m.ok());
   CHECK_FALSE(huge_advised(m->data()));
   CHECK(all_equal(m.value(), 0));
+}
+
+// Shareable memory is a memfd that peers map (ipc_import, shm's puts). Its size is sealed:
+// had its owner shrunk it, a peer's next write through the mapping would die of SIGBUS.
+TEST_CASE("shareable memory lies in a memfd sealed against shrinking and growing", "[memory][ipc]") {
+  auto ctx = Context::create();
+  REQUIRE(ctx.ok());
+  auto mem = ctx->alloc({"cpu", 0}, 1 << 20, AllocKind::kShareable);
+  REQUIRE(mem.ok());
+  std::memset(mem->data(), 7, mem->size());
+  int found = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  REQUIRE(dir != nullptr);
+  while (dirent* e = readdir(dir)) {
+    char link[256] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+    if (n <= 0 || std::strncmp(link, "/memfd:hmc-cpu-", 15) != 0) continue;
+    const int fd = std::atoi(e->d_name);
+    INFO(link);
+    ++found;
+    CHECK((fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW));
+    CHECK(ftruncate(fd, 0) != 0);
+    CHECK(errno == EPERM);
+  }
+  closedir(dir);
+  CHECK(found >= 1);
+  CHECK(all_equal(*mem, 7));  // the attempts changed nothing
 }

@@ -1,6 +1,7 @@
 // The shared-memory message ring of the stream providers (net-providers/common/msg_ring.h):
 // a writer and a reader thread, each with its own mapping of one memfd, as two processes
 // would have.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -132,16 +133,26 @@ TEST_CASE("message ring: the reader refuses what a broken writer left", "[ring]"
 
 TEST_CASE("message ring: only a ring of this version maps; idle readers are seen", "[ring]") {
   std::string why;
-  const int fd = memfd_create("not-a-ring", MFD_CLOEXEC);
+  const int fd = memfd_create("not-a-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, 1 << 20) == 0);
-  CHECK(SharedRing::map("/proc/self/fd/" + std::to_string(fd), 1 << 20, why) == nullptr);
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  // A file its owner could still shrink is refused whatever it holds: a write through the
+  // mapping after a shrink would die of SIGBUS.
+  CHECK(SharedRing::map(path, 1 << 20, why) == nullptr);
+  CHECK(why.find("not sealed") != std::string::npos);
+  REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+  CHECK(SharedRing::map(path, 1 << 20, why) == nullptr);
   CHECK(why.find("no message ring") != std::string::npos);
-  CHECK(SharedRing::map("/proc/self/fd/" + std::to_string(fd), 4096, why) == nullptr);
+  CHECK(SharedRing::map(path, 4096, why) == nullptr);
   close(fd);
 
   auto reader = SharedRing::create(1, why);  // rounded up to the minimum
   REQUIRE(reader != nullptr);
+  // The ring it offers cannot change size, so a peer may map it.
+  const int offered = static_cast<int>(reader->offer().fd);
+  CHECK((fcntl(offered, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW));
+  CHECK(ftruncate(offered, 4096) != 0);
   CHECK(reader->max_record() >= (64u << 10) - sizeof(RingRecord));
   auto writer = map_of(*reader);
   const int64_t now = SharedRing::now_ns();

@@ -2,8 +2,10 @@
 // both readers: the PROCMAP_QUERY ioctl (where the kernel has it) and the text of
 // /proc/self/maps. They must agree on every case: a shared memfd mapping and a range
 // inside it, a range that runs past it, a private mapping of the same file, heap memory,
-// and a mapping whose fd was closed; and a forked child asking about its own mapping.
+// a file without the seal against shrinking, and a mapping whose fd was closed; and a
+// forked child asking about its own mapping.
 // Also how an initiator reads the target's region descriptors from a shared memfd.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,10 +26,11 @@ struct Memfd {
   char* shared = nullptr;
   char* priv = nullptr;
   size_t bytes = 0;
-  explicit Memfd(size_t n) : bytes(n) {
-    fd = memfd_create("hmc-test-shared-file", MFD_CLOEXEC);
+  explicit Memfd(size_t n, bool sealed = true) : bytes(n) {
+    fd = memfd_create("hmc-test-shared-file", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     REQUIRE(fd >= 0);
     REQUIRE(ftruncate(fd, static_cast<off_t>(n)) == 0);
+    if (sealed) REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
     shared = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     priv = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
     REQUIRE(shared != MAP_FAILED);
@@ -70,6 +73,9 @@ TEST_CASE("shm finds the shared file behind a region, by either reader", "[unit]
     CHECK_FALSE(hmc_shm::find_shared_file(m.priv, m.bytes, none, how));
     CHECK_FALSE(hmc_shm::find_shared_file(heap.data(), heap.size(), none, how));
     CHECK_FALSE(hmc_shm::find_shared_file(m.shared, 0, none, how));
+    // A file its owner could shrink under a peer's mapping is not offered.
+    Memfd unsealed(4 * page, false);
+    CHECK_FALSE(hmc_shm::find_shared_file(unsealed.shared, unsealed.bytes, none, how));
   }
   // A child of this process asks about a mapping of its own: the query must read the
   // child's mappings, not those of the parent that asked before the fork.
@@ -78,8 +84,8 @@ TEST_CASE("shm finds the shared file behind a region, by either reader", "[unit]
     REQUIRE(child >= 0);
     if (child == 0) {
       alarm(20);  // never outlives the test
-      const int fd = memfd_create("hmc-test-child", MFD_CLOEXEC);
-      bool ok = fd >= 0 && ftruncate(fd, static_cast<off_t>(4 * page)) == 0;
+      const int fd = memfd_create("hmc-test-child", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      bool ok = fd >= 0 && ftruncate(fd, static_cast<off_t>(4 * page)) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0;
       void* mine = ok ? mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
       hmc_net::RegionFile f;
       ok = ok && mine != MAP_FAILED && hmc_shm::find_shared_file(mine, 4 * page, f, MapsReader::kQuery) && f.fd == fd;
@@ -133,6 +139,7 @@ TEST_CASE("shm reads region descriptors through a mapping of the owner's memfd",
   hmc_net::RegionInfo ia;
   REQUIRE(table.info(ha, ia));
   REQUIRE(ia.desc_file.fd >= 0);
+  CHECK(ftruncate(static_cast<int>(ia.desc_file.fd), 0) != 0);  // sealed: peers may map it
   CHECK(ia.desc_file.offset == ia.id * sizeof(hmc_net::RegionDesc));
 
   hmc_shm::PeerMappings maps;
