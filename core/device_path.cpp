@@ -80,17 +80,21 @@ std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t byte
   };
   // Kept by HMC's allocation id, or for device memory HMC did not allocate by the id
   // mem_query gave it; without one it is exported afresh every time: HMC cannot see it
-  // freed, and an allocation made again at its address is another one.
+  // freed, and an allocation made again at its address is another one. A refusal is kept
+  // too, as an empty handle: memory that cannot be exported (cudaMallocAsync's pools)
+  // stays so, and is not offered again.
   std::optional<std::vector<uint8_t>> fresh;
   const std::vector<uint8_t>* handle = nullptr;
   auto& cache = m.alloc_id ? exports_ : foreign_exports_[m.provider];
   const uint64_t id = m.alloc_id ? m.alloc_id : m.foreign_id;
+  if (cache.size() >= 4096) cache.clear();  // ids never repeat: dropping entries only costs re-exports
   if (auto it = id ? cache.find(id) : cache.end(); it != cache.end()) {
+    if (it->second.empty()) return std::nullopt;
     handle = &it->second;
   } else if (!(fresh = export_handle())) {
+    if (id) cache.emplace(id, std::vector<uint8_t>());
     return std::nullopt;
   } else if (id) {
-    if (cache.size() >= 4096) cache.clear();  // ids never repeat: dropping entries only costs re-exports
     handle = &cache.emplace(id, std::move(*fresh)).first->second;
   } else {
     handle = &*fresh;

@@ -124,8 +124,8 @@ class DeviceTransfers {
   static constexpr std::size_t kMaxImports = 64;
   uint64_t uses_ = 0;
   std::map<std::pair<int, uint64_t>, Import> imports_;  // import_key: (peer, its alloc_id or handle hash)
-  std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle
-  // Of device memory HMC did not allocate: provider -> mem_query's id -> handle.
+  std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle (empty: refused)
+  // Of device memory HMC did not allocate: provider -> mem_query's id -> handle (empty: refused).
   std::map<LoadedProvider*, std::map<uint64_t, std::vector<uint8_t>>> foreign_exports_;
   struct Staging {
     Memory mem;

@@ -188,6 +188,43 @@ TEST_CASE("device memory the application allocated goes by IPC on one host", "[d
   CHECK(count["ipc_import"] == 2);
 }
 
+// Device memory that cannot be exported (cudaMallocAsync's pools; here the emulator told to
+// refuse another instance's memory) goes through host memory, and HMC asks to export it
+// once: five messages into one such buffer make one refused export, not five.
+TEST_CASE("device memory that cannot be exported is staged, and asked for once", "[device][p2p][foreign]") {
+  if (device_under_test() != "emu") {
+    WARN("only the emulated provider can be told to refuse an export: skipped for " << device_under_test());
+    return;
+  }
+  const std::string log = "/tmp/hmc-ipc-refused-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}, {"HMC_EMU_EXPORT_FOREIGN", "0"}}, [](RankEnv& e) {
+    const std::size_t n = 1 << 20;
+    auto b = buffer(e.ctx, e.rank, Side::kForeignDevice, n);
+    HMC_EXPECT(b.ok(), b.status().to_string());
+    for (int i = 0; i < 5; ++i) {
+      if (e.rank == 0) {
+        b->host = random_bytes(n, 2000 + i);
+        HMC_EXPECT_OK(b->push());
+        HMC_EXPECT_OK(e.comm.send(b->ptr(), n, 1, 7));
+      } else {
+        HMC_EXPECT_OK(e.comm.recv(b->ptr(), n, 0, 7));
+        HMC_EXPECT_OK(b->pull());
+        HMC_EXPECT(b->host == random_bytes(n, 2000 + i), "message " + std::to_string(i));
+      }
+    }
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
+  auto count = logged_events(log);
+  INFO("ipc_export " << count["ipc_export"] << ", refused " << count["ipc_export_refused"] << ", ipc_import "
+                     << count["ipc_import"]);
+  CHECK(count["ipc_export_refused"] == 1);
+  CHECK(count["ipc_export"] == 0);
+  CHECK(count["ipc_import"] == 0);
+  std::remove(log.c_str());
+}
+
 TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {
   for (const char* query : {"1", "0"}) {
     auto exits = run_ranks(2, {{"HMC_MEM_QUERY", query}}, [&](RankEnv& e) {

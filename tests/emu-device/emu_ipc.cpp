@@ -159,6 +159,10 @@ int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle
   if (held.device < 0) {
     return fail(HMC_PROV_ERR_INVALID, "ipc_export: %p is imported memory; export it from its owner", ptr);
   }
+  if (!s->export_foreign && window_of(s, ptr) < 0) {
+    note(s, "ipc_export_refused", bytes);
+    return fail(HMC_PROV_ERR_UNSUPPORTED, "ipc_export: %p is another instance's memory (HMC_EMU_EXPORT_FOREIGN=0)", ptr);
+  }
   const IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), held.shadow->fd, held.device,
                     static_cast<uint32_t>(getuid()), held.shadow->id, held.bytes,
                     reinterpret_cast<uintptr_t>(ptr) - held.base, bytes};
