@@ -79,6 +79,10 @@ class CclLink : public core::Progressable {
   void agree(Communicator& comm, const CclWork& w);
   Request run(const CclWork& w, void* user_stream);
   bool progress() override;
+  // The communicator was aborted: where collectives still run, so is the vendor
+  // communicator, and they fail now, not at their deadline (a collective some rank never
+  // joins runs until then).
+  void abort();
 
  private:
   struct Pending {
@@ -330,6 +334,7 @@ Request CclLink::run(const CclWork& w, void* user_stream) {
   if (Status s = launch(w, pl, stream); !s.ok()) {
     // Other ranks may have queued theirs: the abort ends them, and every later
     // delegated call here fails the same way.
+    HMC_LOG("coll", err, "rank {}: {}", rank_, s.message());
     std::lock_guard lock(mu_);
     fail_link(s);
     return failed(s);
@@ -362,7 +367,6 @@ Request CclLink::run(const CclWork& w, void* user_stream) {
 }
 
 void CclLink::fail_link(const Status& why) {
-  HMC_LOG("coll", err, "rank {}: {}", rank_, why.message());
   failure_ = why;
   state_ = State::kFailed;
   if (comm_) ccl_->ccl->comm_abort(ccl_->state, comm_);
@@ -401,10 +405,19 @@ bool CclLink::progress() {
   else if (Clock::now() > pending_.front().deadline)
     why = Status(ErrorCode::kTimeout, ccl_->name + " collective not done within HMC_TIMEOUT; its communicator is aborted");
   if (!why.ok()) {
+    HMC_LOG("coll", err, "rank {}: {}", rank_, why.message());
     fail_link(why);
-    any = true;
   }
   return any;
+}
+
+void CclLink::abort() {
+  std::lock_guard lock(mu_);
+  // Nothing running: the vendor communicator is destroyed with this link, as after finalize().
+  if (state_.load() != State::kOn || pending_.empty()) return;
+  HMC_LOG("coll", debug, "rank {}: {} communicator aborted with its communicator ({} pending)", rank_, ccl_->name,
+          pending_.size());
+  fail_link({ErrorCode::kAborted, "communicator was aborted"});
 }
 
 bool ccl_kind(CollKind kind) {
@@ -430,7 +443,12 @@ std::optional<Request> try_delegate(Communicator& comm, CommState& st, const Ccl
   std::shared_ptr<CclLink> link;
   {
     std::lock_guard lock(st.mu);
-    if (!st.ccl) st.ccl = std::make_shared<CclLink>(ctx, comm.rank(), comm.size());
+    if (!st.ccl) {
+      st.ccl = std::make_shared<CclLink>(ctx, comm.rank(), comm.size());
+      comm.impl().on_abort([weak = std::weak_ptr<CclLink>(st.ccl)] {
+        if (auto l = weak.lock()) l->abort();
+      });
+    }
     link = st.ccl;
   }
   if (link->state() == CclLink::State::kUndecided) link->agree(comm, w);

@@ -343,6 +343,12 @@ void CommImpl::abort() {
   // for mu_ (the collectives' driver posts through this communicator). Until then a pass
   // that calls progress() finds the communicator closed and leaves.
   if (unregister) ctx_.engine()->remove(this);
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard lock(upper_mu_);
+    hooks.swap(abort_hooks_);
+  }
+  for (auto& hook : hooks) hook();
   ctx_.engine()->wake();
 }
 
@@ -413,6 +419,17 @@ std::shared_ptr<void> CommImpl::upper_state(const std::function<std::shared_ptr<
 void CommImpl::keep_until_destroyed(std::shared_ptr<void> buffers) {
   std::lock_guard lock(upper_mu_);
   kept_.push_back(std::move(buffers));
+}
+
+void CommImpl::on_abort(std::function<void()> fn) {
+  {
+    std::lock_guard lock(upper_mu_);
+    if (state_.load() != 2) {
+      abort_hooks_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();  // aborted already (its hooks may have run): at once
 }
 
 CommImpl::~CommImpl() {

@@ -91,6 +91,9 @@ class CommImpl : public Progressable {
   // library's agreement): its operations may still be posted and write into them, so they
   // live until this communicator is destroyed, after abort() closed its connections.
   void keep_until_destroyed(std::shared_ptr<void> buffers);
+  // Called by abort() once this communicator's own operations failed, outside its locks:
+  // the layers above end what they run beside it (the vendor library's collectives).
+  void on_abort(std::function<void()> fn);
 
  private:
   // A buffer's registration with a peer's provider: a cached one, or one of its own.
@@ -393,6 +396,7 @@ class CommImpl : public Progressable {
   std::mutex upper_mu_;
   std::shared_ptr<void> upper_;
   std::vector<std::shared_ptr<void>> kept_;  // upper_mu_
+  std::vector<std::function<void()>> abort_hooks_;  // upper_mu_
 };
 
 }  // namespace hmc::core

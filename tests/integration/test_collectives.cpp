@@ -760,6 +760,46 @@ TEST_CASE("grouped send/recv posts together and completes together", "[collectiv
   run(3, settings(), check_group);
 }
 
+// abort() while a collective waits for a rank that never joins it: the collective fails at
+// once with kAborted, not at HMC_TIMEOUT. On HMC's own schedules, and in the device build
+// on cuda with the vendor library's collectives (NCCL), whose kernel would otherwise wait
+// on the device until the deadline.
+TEST_CASE("abort() at once fails a collective that waits for a rank that never joins", "[collectives][errors]") {
+  auto s = settings();
+  s["HMC_TIMEOUT"] = "60s";
+  run(2, s, [](RankEnv& e) {
+    constexpr std::size_t kCount = 1 << 16;
+    Buf in(e, DataType::kFloat32, kCount), out(e, DataType::kFloat32, kCount);
+    HMC_EXPECT_OK(in.push());
+    HMC_EXPECT_OK(out.push());
+    // Together first: the first delegable calls agree on delegation (with some buffers in
+    // host memory, as in the mixed run, they ask again up to 4 times), and each such call
+    // waits for every rank to reach it (docs/collectives.md).
+    for (int i = 0; i < 5; ++i)
+      HMC_EXPECT_OK(all_reduce(e.comm, in.ptr(), out.ptr(), kCount, DataType::kFloat32, ReduceOp::kSum).wait(kWait));
+    if (e.rank == 1) {  // never joins the second; rank 0's abort ends this receive
+      uint8_t none = 0;
+      Status st = e.comm.recv(&none, 1, 0, 99);
+      HMC_EXPECT(st.code() == ErrorCode::kPeerLost, st.to_string());
+      e.comm.abort();
+      return 0;
+    }
+    Request r = all_reduce(e.comm, in.ptr(), out.ptr(), kCount, DataType::kFloat32, ReduceOp::kSum);
+    Status early = r.wait(std::chrono::milliseconds(300));
+    HMC_EXPECT(early.code() == ErrorCode::kTimeout, "an all_reduce without its peer: " + early.to_string());
+    const auto t0 = std::chrono::steady_clock::now();
+    e.comm.abort();
+    Status st = r.wait(std::chrono::seconds(30));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    HMC_EXPECT(st.code() == ErrorCode::kAborted, "after abort(): " + st.to_string());
+    HMC_EXPECT(took < std::chrono::seconds(10),
+               "the pending all_reduce took " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+                   " ms to fail after abort()");
+    return 0;
+  });
+}
+
 #ifdef HMCTEST_DEVICE_BUFFERS
 // ---- on device memory only (hmc-device-coll-tests) -----------------------------------------
 
