@@ -135,7 +135,14 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
       imports_.erase(oldest);
     }
     void* ptr = nullptr;
-    if (target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) != 0 || !ptr)
+    auto import_it = [&] {
+      return target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) == 0 && ptr;
+    };
+    // A driver refuses memory this process maps already through an import of an allocation
+    // the peer has freed since (CUDA, cudaErrorAlreadyMapped: its allocator puts small
+    // allocations in blocks it keeps, so a new one may lie where a freed one was). Closing
+    // this peer's idle imports lets such an import through; they are made again when used.
+    if (!import_it() && !(close_idle(peer) && import_it()))
       return Status(ErrorCode::kUnsupported, "importing rank " + std::to_string(peer) + "'s " + offer.provider +
                                                  " memory failed: " + provider_error(*target));
     std::vector<uint8_t> handle = offer.alloc_id ? std::vector<uint8_t>() : offer.handle;
@@ -143,6 +150,22 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
   }
   it->second.last_use = ++uses_;
   return key;
+}
+
+bool DeviceTransfers::close_idle(int peer) {
+  if (ctx_.engine()->held()) return false;  // closing waits for the device (kMaxImports above)
+  bool closed = false;
+  for (auto i = imports_.begin(); i != imports_.end();) {
+    if (i->first.first != peer || i->second.copies != 0) {
+      ++i;
+      continue;
+    }
+    close_import(i->first, i->second);
+    i = imports_.erase(i);
+    closed = true;
+  }
+  if (closed) HMC_LOG("core", debug, "closed the idle imports of rank {} to import another allocation of it", peer);
+  return closed;
 }
 
 void DeviceTransfers::pin(Import& imp, LoadedProvider* by, std::size_t bytes) {

@@ -109,6 +109,9 @@ class DeviceTransfers {
   // Registers imported peer host memory with the provider that copies into it.
   void pin(Import& imp, LoadedProvider* by, std::size_t bytes);
   void close_import(const std::pair<int, uint64_t>& key, Import& imp);
+  // Closes the imports of `peer` that no copy writes into; whether it closed one (none
+  // while a stream waits on a flag: closing waits for the whole device).
+  bool close_idle(int peer);
   // A stream of `by` on `device` for IPC copies, created once; null when it has none.
   void* stream(LoadedProvider* by, int device);
   // The device whose stream copies from `from` into `offer`'s memory, or -1: synchronous.

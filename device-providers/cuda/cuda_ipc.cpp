@@ -12,6 +12,7 @@
 // exporter's address is valid there.
 #include <cstring>
 #include <random>
+#include <string>
 
 #include <unistd.h>
 
@@ -178,7 +179,22 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
       DeviceGuard guard;
       if (const int rc = guard.use(device, "ipc_import"); rc != HMC_PROV_OK) return rc;
       const cudaError_t err = cudaIpcOpenMemHandle(&imp.base, h.mem, cudaIpcMemLazyEnablePeerAccess);
-      if (err != cudaSuccess) return fail_cuda(err, "ipc_import", "cudaIpcOpenMemHandle");
+      if (err != cudaSuccess) {
+        // What this process holds of the same exporter, for the message: the driver refuses
+        // a handle whose memory it has mapped here already (cudaErrorAlreadyMapped).
+        size_t same = 0, same_base = 0;
+        for (const auto& [k, other] : s->imports) {
+          if (other.pid != h.pid || other.nonce != h.nonce) continue;
+          ++same;
+          if (other.exporter_base == h.base) ++same_base;
+        }
+        fail_cuda(err, "ipc_import", "cudaIpcOpenMemHandle");
+        const std::string first = last_error_text();
+        return fail(code_of(err), "%s (exporter pid %d, its allocation 0x%llx of %llu bytes on device %d here; this "
+                    "process holds %zu imports of that exporter, %zu at the same address)", first.c_str(),
+                    static_cast<int>(h.pid), static_cast<unsigned long long>(h.base),
+                    static_cast<unsigned long long>(h.alloc_bytes), device, same, same_base);
+      }
       imp.device = device;
     }
     it = s->imports.emplace(key, imp).first;

@@ -225,6 +225,53 @@ TEST_CASE("device memory that cannot be exported is staged, and asked for once",
   std::remove(log.c_str());
 }
 
+// The receiver frees each buffer and allocates the next at the same address, as CUDA's
+// allocator does with small buffers inside a block it keeps. The sender still maps the freed
+// ones (its imports are cached), and the driver refuses to import the new one while it does
+// (cudaErrorAlreadyMapped; the emulator refuses alike). IPC must go on: the sender closes its
+// idle imports of that peer and imports again, rather than stage through host memory from
+// then on.
+TEST_CASE("a buffer the peer made again at a freed one's address is imported again", "[device][p2p]") {
+  if (device_under_test() != "emu") {
+    WARN("only the emulated provider logs its IPC: skipped for " << device_under_test());
+    return;
+  }
+  const std::string log = "/tmp/hmc-ipc-again-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  constexpr int kRounds = 5;
+  auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
+    const std::size_t n = 64 << 10;
+    auto from = buffer(e.ctx, e.rank, Side::kPlainHost, n);
+    HMC_EXPECT(from.ok(), from.status().to_string());
+    void* first = nullptr;
+    for (int i = 0; i < kRounds; ++i) {
+      if (e.rank == 0) {
+        from->host = random_bytes(n, 3000 + i);
+        HMC_EXPECT_OK(from->push());
+        HMC_EXPECT_OK(e.comm.send(from->ptr(), n, 1, 9));
+      } else {
+        auto to = buffer(e.ctx, e.rank, Side::kDevice, n);
+        HMC_EXPECT(to.ok(), to.status().to_string());
+        if (i == 0) first = to->ptr();
+        HMC_EXPECT(to->ptr() == first, "the emulator put buffer " + std::to_string(i) + " at another address");
+        HMC_EXPECT_OK(e.comm.recv(to->ptr(), n, 0, 9));
+        HMC_EXPECT_OK(to->pull());
+        HMC_EXPECT(to->host == random_bytes(n, 3000 + i), "message " + std::to_string(i));
+      }  // `to` is freed here: the next one takes its address
+      HMC_EXPECT_OK(e.comm.barrier());
+    }
+    return 0;
+  }, kWait);
+  REQUIRE(all_ok(exits));
+  auto count = logged_events(log);
+  INFO("ipc_export " << count["ipc_export"] << ", ipc_import " << count["ipc_import"] << ", refused "
+                     << count["ipc_import_refused"]);
+  CHECK(count["ipc_export"] == kRounds);
+  CHECK(count["ipc_import"] == kRounds);  // every message went by IPC
+  CHECK(count["ipc_import_refused"] == kRounds - 1);
+  std::remove(log.c_str());
+}
+
 TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {
   for (const char* query : {"1", "0"}) {
     auto exits = run_ranks(2, {{"HMC_MEM_QUERY", query}}, [&](RankEnv& e) {

@@ -8,6 +8,10 @@
 // exporting process too (pid is then its own). Importing the same allocation again
 // reuses the mapping and counts a reference; ipc_close drops one. Both sides write the
 // same memfd pages. Each export and import is noted in HMC_EMU_REGISTER_LOG.
+// Unless HMC_EMU_IMPORT_SAME_ADDRESS=0, an import of an allocation fails while this
+// instance holds an import of another one the exporter had at the same address (freed
+// since), noting "ipc_import_refused": CUDA refuses it so (cudaErrorAlreadyMapped) where
+// the exporter's allocator put a new small allocation in a block the importer still maps.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -34,11 +38,16 @@ struct IpcHandle {
   uint64_t size;    // bytes of the exporter's allocation
   uint64_t offset;  // of the exported pointer inside it
   uint64_t bytes;   // exported range
+  uint64_t base;    // the allocation's device address in the exporter
 };
 static_assert(sizeof(IpcHandle) <= HMC_IPC_HANDLE_MAX);
 
 std::string key_of(const IpcHandle& h) {
   return std::to_string(h.pid) + ":" + std::to_string(h.id);
+}
+
+std::string exporter_at(const IpcHandle& h) {
+  return std::to_string(h.pid) + "@" + std::to_string(h.base);
 }
 
 // Opens the exporter's memfd and checks it is the one the handle names.
@@ -111,12 +120,23 @@ int attach(State* s, const IpcHandle& h, void** ptr) {
       return HMC_PROV_OK;
     }
   }
+  if (s->import_same_address) {
+    std::shared_lock lock(s->mem_mu);
+    for (const auto& [base, other] : s->allocs) {
+      if (other.window == s->devices && other.exporter_at == exporter_at(h)) {
+        note(s, "ipc_import_refused", h.bytes);
+        return fail(HMC_PROV_ERR_INVALID, "ipc_import: an import of an earlier allocation of pid %d at the same "
+                    "address is still open here (CUDA: cudaErrorAlreadyMapped)", h.pid);
+      }
+    }
+  }
   Allocation a;
   if (const int rc = map_import(s, h, &a.shadow); rc != HMC_PROV_OK) return rc;
   a.bytes = h.size;
   a.extent = a.shadow->length;
   a.window = s->devices;
   a.import_key = key;
+  a.exporter_at = exporter_at(h);
   std::unique_lock lock(s->mem_mu);
   if (const auto raced = s->imports.find(key); raced != s->imports.end()) {  // another thread won
     const uintptr_t p = raced->second + h.offset;
@@ -165,7 +185,7 @@ int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle
   }
   const IpcHandle h{kIpcMagic, static_cast<int32_t>(getpid()), held.shadow->fd, held.device,
                     static_cast<uint32_t>(getuid()), held.shadow->id, held.bytes,
-                    reinterpret_cast<uintptr_t>(ptr) - held.base, bytes};
+                    reinterpret_cast<uintptr_t>(ptr) - held.base, bytes, held.base};
   std::memcpy(handle, &h, sizeof(h));
   *handle_len = sizeof(h);
   note(s, "ipc_export", bytes);

@@ -64,6 +64,11 @@ constexpr hmc_param_t kParams[] = {
      "0: ipc_export refuses memory another instance of this process allocated (the "
      "application's runtime, tests/device), as CUDA refuses cudaMallocAsync pool memory, noting "
      "\"ipc_export_refused\" in the log"},
+    {"HMC_EMU_IMPORT_SAME_ADDRESS", "int", "1",
+     "1: ipc_import fails while this instance holds an import of another allocation the exporter "
+     "had at the same address, as CUDA does (cudaErrorAlreadyMapped) when the exporter's "
+     "allocator reuses a block the importer still maps, noting \"ipc_import_refused\"; 0: it "
+     "imports"},
     {"HMC_EMU_REGISTER_LOG", "string", "",
      "file that host_register/host_unregister append their events to, ipc_export/ipc_import "
      "each success (with the bytes of the range), and fini the streams, events and flags the "
@@ -167,7 +172,7 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   s->host = *host;
   s->cpu.wide = hmc::cpu::wide_kernels_supported();
   long devices = 2;
-  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0, queues = 0, wide_frees = 0, export_foreign = 1;
+  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0, queues = 0, wide_frees = 0, export_foreign = 1, same_address = 1;
   s->memory = uint64_t{4} << 30;
   int rc = HMC_PROV_ERR_INVALID;
   if (read_int(*host, "HMC_EMU_DEVICES", 1, 64, &devices, reason, reason_len) &&
@@ -178,7 +183,9 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
       read_int(*host, "HMC_EMU_FAIL_STREAM_OP", 0, 1L << 40, &fail_op, reason, reason_len) &&
       read_int(*host, "HMC_EMU_QUEUES", 0, 128, &queues, reason, reason_len) &&
       read_int(*host, "HMC_EMU_DEVICE_WIDE_FREES", 0, 1, &wide_frees, reason, reason_len) &&
-      read_int(*host, "HMC_EMU_EXPORT_FOREIGN", 0, 1, &export_foreign, reason, reason_len)) {
+      read_int(*host, "HMC_EMU_EXPORT_FOREIGN", 0, 1, &export_foreign, reason, reason_len) &&
+      read_int(*host, "HMC_EMU_IMPORT_SAME_ADDRESS", 0, 1, &same_address, reason, reason_len)) {
+    s->import_same_address = same_address != 0;
     s->device_wide_frees = wide_frees != 0;
     s->export_foreign = export_foreign != 0;
     s->devices = static_cast<int>(devices);

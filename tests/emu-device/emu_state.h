@@ -40,6 +40,7 @@ struct Allocation {
   int window = 0;     // device index, or State::devices for imported memory
   ShadowRef shadow;
   std::string import_key;            // imports: "<pid>:<memfd id>"
+  std::string exporter_at;           // imports: "<pid>@<the exporter's device address>"
   std::multiset<uintptr_t> imported;  // imports: every pointer ipc_import handed out
 };
 
@@ -62,6 +63,7 @@ struct State {
   bool stream_wake = true;  // HMC_EMU_STREAM_WAKE
   uint32_t query_lag_us = 0;  // HMC_EMU_QUERY_LAG_US
   bool export_foreign = true;  // HMC_EMU_EXPORT_FOREIGN
+  bool import_same_address = true;  // HMC_EMU_IMPORT_SAME_ADDRESS
   uint64_t fail_op = 0;     // HMC_EMU_FAIL_STREAM_OP: this stream operation (1-based) fails
   uint32_t queues = 0;      // HMC_EMU_QUEUES: hardware queues per device (0: one per stream)
   bool device_wide_frees = false;  // HMC_EMU_DEVICE_WIDE_FREES
