@@ -100,6 +100,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void queue_hello(const void* hello, size_t len);
   void start_connect(const Endpoint& endpoint);  // io thread
   void start_accepted(HelloHandler on_hello);    // io thread
+  // An accepted connection reads nothing after its hello until the host took it (accept):
+  // a stranger cannot make this process buffer what it sends before the host checked it.
+  void resume_reading();                          // io thread
 
   // Caller threads. Each returns 0 when queued, else the error (no request kept).
   int status() const { return state_.load(std::memory_order_acquire); }
@@ -280,6 +283,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // io thread only.
   bool closed_ = false;
   bool awaiting_hello_ = false;
+  bool held_ = false;  // hello read, the host has not accepted yet: no more reads
   HelloHandler on_hello_;
   std::vector<char> hello_;
   std::unique_ptr<char[]> stage_;

@@ -33,6 +33,12 @@ void Connection::start_reading() {
   read_loop();
 }
 
+void Connection::resume_reading() {
+  if (!held_ || closed()) return;
+  held_ = false;
+  read_loop();
+}
+
 void Connection::wait_readable() {
   socket_.async_wait(Socket::wait_read,
                      [self = shared_from_this()](const boost::system::error_code& ec) {
@@ -97,6 +103,7 @@ void Connection::read_turn() {
 
 bool Connection::drain_stage() {
   for (;;) {
+    if (held_) return false;  // resume_reading goes on from here
     size_t avail = stage_end_ - stage_begin_;
     if (in_.sink == Sink::none) {
       if (avail < sizeof(FrameHeader)) break;
@@ -273,6 +280,7 @@ bool Connection::finish_payload() {
       awaiting_hello_ = false;
       queue_offer();
       if (on_hello_) {
+        held_ = true;  // until the host accepts it
         auto cb = std::move(on_hello_);
         on_hello_ = nullptr;
         cb(shared_from_this(), true);

@@ -12,9 +12,10 @@ namespace hmc_net {
 namespace {
 
 // A connection that has not said hello (and been checked) within this is closed, and past
-// handshaking_limit() waiting at once new ones are closed at once: a stranger holding
-// connections open could otherwise use up the descriptors of the process (a peer says
-// hello as soon as it connects).
+// handshaking_limit() waiting at once (for their hello, or for the host to take them) new
+// ones are closed at once: a stranger holding connections open could otherwise use up the
+// descriptors of the process (a peer says hello as soon as it connects). A connection
+// reads nothing past its hello until the host took it (Connection::resume_reading).
 constexpr auto kHelloWait = std::chrono::seconds(10);
 
 // A quarter of the descriptors this process may open, and at least 256: a job large
@@ -71,7 +72,12 @@ void Listener::accept_next() {
           });
           return;
         }
-        if (self->handshaking_.size() >= self->max_handshaking_) {
+        std::size_t waiting = self->handshaking_.size();
+        {
+          std::lock_guard lock(self->mu_);
+          waiting += self->ready_.size();  // said hello, not yet taken by the host
+        }
+        if (waiting >= self->max_handshaking_) {
           boost::system::error_code ignored;
           socket.close(ignored);
           return self->accept_next();

@@ -212,6 +212,7 @@ int StreamProvider::accept(void* listener, void** conn, void* hello, size_t hell
     conns_.emplace(c.get(), c);
     if (c->has_ring()) update_rings_locked();
   }
+  boost::asio::post(io(), [c] { c->resume_reading(); });
   *conn = c.get();
   return HMC_PROV_OK;
 }

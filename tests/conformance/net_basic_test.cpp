@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "net_kit.h"
 
@@ -258,6 +259,58 @@ TEST_CASE("net: a connection refused after its hello fails the connector; the li
     }
     CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
     CHECK(s.p->close_conn(s.state, kept) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
+  });
+}
+
+// A connection reads nothing past its hello until the host accepted it: a stranger that
+// says hello and then streams must not make this process buffer what it sends before the
+// host checked the hello. The connector's sends wait (its socket, or the ring, fills), and
+// once the host accepts they arrive whole and in order. Stream providers (tcp, shm).
+TEST_CASE("net: a connection the host has not accepted takes nothing past its hello", "[net][connect][held]") {
+  for_each_plugin([](Session& s) {
+    const std::string name = s.p->name;
+    if ((name != "tcp" && name != "shm") || !s.has(HMC_NET_CAP_MSG)) return;
+    const Link local = listen_local(s);
+    const std::vector<char> hello = {'e', 'a', 'r', 'l', 'y'};
+    void* conn = nullptr;
+    REQUIRE(s.p->connect(s.state, local.addr.data(), local.addr.size(), hello.data(), hello.size(), &conn) ==
+            HMC_PROV_OK);
+    constexpr int kCount = 64;
+    constexpr size_t kLen = 1 << 20;
+    std::vector<std::vector<char>> msgs;
+    std::vector<void*> sends;
+    for (int i = 0; i < kCount; ++i) {
+      msgs.push_back(random_bytes(kLen, 500 + i));
+      sends.push_back(post_send(s, conn, msgs.back()));
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (std::chrono::steady_clock::now() < until) {
+      s.p->progress(s.state);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    int sent = 0;  // in order: the first still pending ends the count
+    for (; sent < kCount; ++sent) {
+      Outcome o = s.wait(sends[sent], std::chrono::milliseconds(0));
+      if (!o.done) break;
+      CHECK(o.rc == HMC_PROV_OK);
+    }
+    INFO(sent << " of " << kCount << " MiB sent before the host accepted");
+    CHECK(sent < 16);  // what the socket buffers and the ring hold: a few MiB
+
+    std::vector<char> got;
+    void* accepted = s.accept(local.listener, &got);
+    REQUIRE(accepted != nullptr);
+    CHECK(got == hello);
+    for (int i = 0; i < kCount; ++i) {
+      INFO("message " << i);
+      Recv r;
+      post_recv(s, accepted, r, kLen);
+      check_recv(s, r, msgs[i]);
+    }
+    for (int i = sent; i < kCount; ++i) check_sent(s, sends[i], kLen);
+    CHECK(s.p->close_conn(s.state, conn) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, accepted) == HMC_PROV_OK);
     CHECK(s.p->close_listener(s.state, local.listener) == HMC_PROV_OK);
   });
 }
