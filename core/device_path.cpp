@@ -145,8 +145,21 @@ Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffe
     if (!import_it() && !(close_idle(peer) && import_it()))
       return Status(ErrorCode::kUnsupported, "importing rank " + std::to_string(peer) + "'s " + offer.provider +
                                                  " memory failed: " + provider_error(*target));
+    // Writes stay within what the offer says and what the import maps: the offer comes
+    // from the peer, the extent from the provider's own mapping (where it can say).
+    uint64_t bytes = offer.alloc_bytes;
+    if (target->dev->caps & HMC_DEV_CAP_IPC_EXTENT) {
+      std::size_t mapped = 0;
+      if (target->dev->ipc_extent(target->state, ptr, &mapped) != 0) {
+        const Status why(ErrorCode::kUnsupported, "the size of rank " + std::to_string(peer) + "'s imported " +
+                                                     offer.provider + " memory is unknown: " + provider_error(*target));
+        target->dev->ipc_close(target->state, ptr);
+        return why;
+      }
+      bytes = std::min<uint64_t>(bytes, mapped);
+    }
     std::vector<uint8_t> handle = offer.alloc_id ? std::vector<uint8_t>() : offer.handle;
-    it = imports_.emplace(key, Import{target, ptr, offer.alloc_bytes, 0, 0, nullptr, std::move(handle)}).first;
+    it = imports_.emplace(key, Import{target, ptr, bytes, 0, 0, nullptr, std::move(handle)}).first;
   }
   it->second.last_use = ++uses_;
   return key;

@@ -92,6 +92,11 @@ std::string check_device_table(const hmc_device_provider_t* t) {
       return "capability mem_query set but the table is too short to hold it";
     if (!t->mem_query) return "capability mem_query set but mem_query is NULL";
   }
+  if (t->caps & HMC_DEV_CAP_IPC_EXTENT) {
+    if (t->struct_size < offsetof(hmc_device_provider_t, ipc_extent) + sizeof(t->ipc_extent))
+      return "capability ipc_extent set but the table is too short to hold it";
+    if (!t->ipc_extent) return "capability ipc_extent set but ipc_extent is NULL";
+  }
   return {};
 }
 
@@ -136,7 +141,7 @@ std::vector<std::string> device_cap_names(uint64_t caps) {
       {HMC_DEV_CAP_REDUCE, "reduce"},         {HMC_DEV_CAP_IPC, "ipc"},
       {HMC_DEV_CAP_DMABUF, "dmabuf"},         {HMC_DEV_CAP_PEER_ACCESS, "peer_access"},
       {HMC_DEV_CAP_STREAM_FLAGS, "stream_flags"}, {HMC_DEV_CAP_HOST_REGISTER, "host_register"},
-      {HMC_DEV_CAP_MEM_QUERY, "mem_query"}};
+      {HMC_DEV_CAP_MEM_QUERY, "mem_query"}, {HMC_DEV_CAP_IPC_EXTENT, "ipc_extent"}};
   std::vector<std::string> out;
   for (auto& [bit, name] : kNames)
     if (caps & bit) out.push_back(name);

@@ -328,7 +328,7 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
   void* p = static_cast<char*>(base) + delta;
   try {
     std::lock_guard lock(s->mutex);
-    s->mappings.emplace(reinterpret_cast<uintptr_t>(p), Mapping{base, length});
+    s->mappings.emplace(reinterpret_cast<uintptr_t>(p), Mapping{base, length, static_cast<size_t>(h.bytes)});
   } catch (const std::bad_alloc&) {
     munmap(base, length);
     return fail(HMC_PROV_ERR_NO_MEMORY, "ipc_import: out of memory recording the mapping");
@@ -350,6 +350,16 @@ int ipc_close(void* state, void* ptr) {
     s->mappings.erase(it);
   }
   munmap(m.base, m.length);
+  return HMC_PROV_OK;
+}
+
+int ipc_extent(void* state, void* ptr, size_t* bytes) {
+  auto* s = static_cast<State*>(state);
+  if (bytes == nullptr) return fail(HMC_PROV_ERR_INVALID, "ipc_extent: null output pointer");
+  std::lock_guard lock(s->mutex);
+  const auto it = s->mappings.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == s->mappings.end()) return fail(HMC_PROV_ERR_INVALID, "ipc_extent: %p was not returned by ipc_import", ptr);
+  *bytes = it->second.bytes;  // open_exported checked the file holds offset + bytes
   return HMC_PROV_OK;
 }
 

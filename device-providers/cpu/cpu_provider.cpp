@@ -2,7 +2,7 @@
 //
 // Hardware: any Linux host; no SDK. Device 0 describes the machine (vendor "cpu",
 // /proc/cpuinfo model, physical memory, NUMA node 0 on a one-node host, -1 when it
-// spans several). Capabilities: PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC.
+// spans several). Capabilities: PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC, IPC_EXTENT.
 // HMC_ALLOC_DEVICE also works and returns host memory (the device's own kind), but
 // DEVICE_MEM stays clear so that core never mistakes it for accelerator memory.
 // Limits:
@@ -285,7 +285,7 @@ constexpr hmc_device_provider_t kProvider = {
     .abi_version = HMC_DEVICE_ABI_VERSION,
     .name = "cpu",
     .caps = HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE | HMC_DEV_CAP_STREAMS |
-            HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC,
+            HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_IPC_EXTENT,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -317,6 +317,7 @@ constexpr hmc_device_provider_t kProvider = {
     .host_register = nullptr,
     .host_unregister = nullptr,
     .mem_query = nullptr,  // host memory is all it has
+    .ipc_extent = ipc_extent,
 };
 
 }  // namespace

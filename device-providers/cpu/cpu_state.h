@@ -28,6 +28,7 @@ struct Block {
 struct Mapping {
   void* base = nullptr;
   size_t length = 0;
+  size_t bytes = 0;  // from the pointer ipc_import returned: within the file, checked
 };
 
 struct State {

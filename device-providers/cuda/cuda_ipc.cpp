@@ -169,6 +169,7 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
       PointerInfo pi;
       if (const int rc = pointer_info(reinterpret_cast<void*>(base), "ipc_import", &pi); rc != HMC_PROV_OK) return rc;
       imp.base = reinterpret_cast<void*>(base);
+      imp.bytes = size;
       imp.device = pi.device;
       imp.local = true;
     } else {
@@ -196,13 +197,41 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
                     static_cast<unsigned long long>(h.alloc_bytes), device, same, same_base);
       }
       imp.device = device;
+      // What the driver mapped, which bounds every view of it (ipc_extent): the handle's
+      // sizes come from the exporter.
+      uintptr_t mapped = 0;
+      if (const int rc = address_range(s, imp.base, "ipc_import", &mapped, &imp.bytes); rc != HMC_PROV_OK) {
+        cudaIpcCloseMemHandle(imp.base);
+        return rc;
+      }
     }
     it = s->imports.emplace(key, imp).first;
+  }
+  if (const size_t mapped = it->second.bytes; h.alloc_bytes > mapped) {
+    if (it->second.refs == 0) {  // made just now for this handle: undone
+      if (!it->second.local) cudaIpcCloseMemHandle(it->second.base);
+      s->imports.erase(it);
+    }
+    return fail(HMC_PROV_ERR_INVALID, "ipc_import: the handle says its allocation has %llu bytes, the driver maps %zu",
+                static_cast<unsigned long long>(h.alloc_bytes), mapped);
   }
   ++it->second.refs;
   void* p = static_cast<char*>(it->second.base) + h.offset;
   s->views.emplace(reinterpret_cast<uintptr_t>(p), it->first);
   *ptr = p;
+  return HMC_PROV_OK;
+}
+
+int ipc_extent(void* state, void* ptr, size_t* bytes) {
+  auto* s = static_cast<State*>(state);
+  if (bytes == nullptr) return fail(HMC_PROV_ERR_INVALID, "ipc_extent: null output pointer");
+  std::lock_guard lock(s->mutex);
+  const auto v = s->views.find(reinterpret_cast<uintptr_t>(ptr));
+  const auto it = v == s->views.end() ? s->imports.end() : s->imports.find(v->second);
+  if (it == s->imports.end()) return fail(HMC_PROV_ERR_INVALID, "ipc_extent: %p was not returned by ipc_import", ptr);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(it->second.base) + it->second.bytes;
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  *bytes = at < end ? end - at : 0;
   return HMC_PROV_OK;
 }
 

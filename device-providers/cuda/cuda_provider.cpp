@@ -8,7 +8,7 @@
 // cuMemGetHandleForAddressRange, cuDeviceGetAttribute, cuPointerGetAttributes) come
 // from cudaGetDriverEntryPointByVersion.
 // Capabilities: DEVICE_MEM, PINNED_HOST, SHAREABLE, STREAMS, REDUCE, IPC, DMABUF,
-// PEER_ACCESS, STREAM_FLAGS, HOST_REGISTER, MEM_QUERY.
+// PEER_ACCESS, STREAM_FLAGS, HOST_REGISTER, MEM_QUERY, IPC_EXTENT.
 // Behaviour:
 //  - The host never sets a current device: every entry derives it from its pointer
 //    (cudaPointerGetAttributes) or stream (cudaStreamGetDevice), makes it current and
@@ -444,7 +444,7 @@ constexpr hmc_device_provider_t kProvider = {
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_DMABUF |
             HMC_DEV_CAP_PEER_ACCESS | HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER |
-            HMC_DEV_CAP_MEM_QUERY,
+            HMC_DEV_CAP_MEM_QUERY | HMC_DEV_CAP_IPC_EXTENT,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -476,6 +476,7 @@ constexpr hmc_device_provider_t kProvider = {
     .host_register = host_register,
     .host_unregister = host_unregister,
     .mem_query = mem_query,
+    .ipc_extent = ipc_extent,
 };
 
 }  // namespace

@@ -48,6 +48,7 @@ struct Allocation {
 // ipc_import of the same allocation; closed when the last of them is closed.
 struct Import {
   void* base = nullptr;
+  size_t bytes = 0;  // what the driver maps from base (cuMemGetAddressRange)
   int device = 0;
   int refs = 0;
   bool local = false;  // exported by this very process: nothing was opened
@@ -147,6 +148,7 @@ int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle
                size_t* handle_len);
 int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr);
 int ipc_close(void* state, void* ptr);
+int ipc_extent(void* state, void* ptr, size_t* bytes);
 int dmabuf_export(void* state, void* ptr, size_t bytes, int* fd, uint64_t* offset);
 int flag_alloc(void* state, int device, volatile uint32_t** flag);
 int flag_free(void* state, volatile uint32_t* flag);

@@ -555,7 +555,7 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         // Mandatory entries, then every capability bit against the functions it promises.
         CHECK((p->init && p->fini && p->last_error && p->device_count && p->device_info &&
                p->mem_alloc && p->mem_free && p->copy));
-        constexpr uint64_t kKnown = (HMC_DEV_CAP_MEM_QUERY << 1) - 1;
+        constexpr uint64_t kKnown = (HMC_DEV_CAP_IPC_EXTENT << 1) - 1;
         CHECK((p->caps & ~kKnown) == 0);
         if (p->caps & HMC_DEV_CAP_STREAMS) {
           CHECK((p->stream_create && p->stream_destroy && p->stream_query && p->event_create &&
@@ -584,6 +584,12 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
           INFO("MEM_QUERY is set, so the table must include mem_query");
           REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, mem_query) + sizeof(void*));
           CHECK(p->mem_query != nullptr);
+        }
+        if (p->caps & HMC_DEV_CAP_IPC_EXTENT) {  // appended after mem_query
+          INFO("IPC_EXTENT is set, so the table must include ipc_extent, and IPC is set too");
+          REQUIRE(p->struct_size >= offsetof(hmc_device_provider_t, ipc_extent) + sizeof(void*));
+          CHECK(p->ipc_extent != nullptr);
+          CHECK((p->caps & HMC_DEV_CAP_IPC) != 0);
         }
         // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
         CHECK((p->num_params == 0 || p->params != nullptr));
@@ -1604,6 +1610,15 @@ TEST_CASE("IPC memory exported by another process is shared both ways", "[confor
     std::vector<uint8_t> seen_inner(kIpcBytes - kIpcInterior, 0xa5);
     REQUIRE(s.p->copy(s.state, seen_inner.data(), interior, seen_inner.size(), nullptr) == 0);
     CHECK(first_difference(seen_inner, std::vector<uint8_t>(theirs.begin() + kIpcInterior, theirs.end())) == "");
+    if (s.p->caps & HMC_DEV_CAP_IPC_EXTENT) {  // what each view maps, from the mapping itself
+      size_t whole = 0, rest = 0;
+      REQUIRE(s.p->ipc_extent(s.state, mapped, &whole) == 0);
+      REQUIRE(s.p->ipc_extent(s.state, interior, &rest) == 0);
+      CHECK(whole >= kIpcBytes);
+      CHECK(rest == whole - kIpcInterior);
+      size_t none = 0;
+      CHECK(s.p->ipc_extent(s.state, seen.data(), &none) < 0);  // not an import
+    }
     void* again = import(msg, "whole block, second import");
     std::vector<uint8_t> seen_again(kIpcBytes, 0xa5);
     REQUIRE(s.p->copy(s.state, seen_again.data(), again, kIpcBytes, nullptr) == 0);

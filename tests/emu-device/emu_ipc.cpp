@@ -114,6 +114,9 @@ int attach(State* s, const IpcHandle& h, void** ptr) {
     std::unique_lock lock(s->mem_mu);
     if (const auto found = s->imports.find(key); found != s->imports.end()) {
       Allocation& a = s->allocs.at(found->second);
+      if (h.offset + h.bytes > a.bytes) {
+        return fail(HMC_PROV_ERR_INVALID, "ipc_import: the handle's range ends past the allocation as first imported");
+      }
       const uintptr_t p = found->second + h.offset;
       a.imported.insert(p);
       *ptr = reinterpret_cast<void*>(p);
@@ -211,6 +214,23 @@ int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr) {
   const int rc = attach(s, h, ptr);
   if (rc == HMC_PROV_OK) note(s, "ipc_import", h.bytes);
   return rc;
+}
+
+int ipc_extent(void* state, void* ptr, size_t* bytes) {
+  auto* s = static_cast<State*>(state);
+  if (bytes == nullptr) return fail(HMC_PROV_ERR_INVALID, "ipc_extent: null output pointer");
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::shared_lock lock(s->mem_mu);
+  auto it = s->allocs.upper_bound(addr);
+  if (window_of(s, ptr) == s->devices && it != s->allocs.begin()) {
+    --it;
+    const Allocation& a = it->second;
+    if (a.imported.count(addr) != 0 && addr - it->first <= a.bytes) {
+      *bytes = a.bytes - (addr - it->first);  // map_import checked the memfd holds a.bytes
+      return HMC_PROV_OK;
+    }
+  }
+  return fail(HMC_PROV_ERR_INVALID, "ipc_extent: %p was not returned by ipc_import (or is closed)", ptr);
 }
 
 int ipc_close(void* state, void* ptr) {

@@ -18,6 +18,7 @@ int ipc_export(void* state, void* ptr, size_t bytes, void* handle, size_t handle
                size_t* handle_len);
 int ipc_import(void* state, const void* handle, size_t handle_len, void** ptr);
 int ipc_close(void* state, void* ptr);
+int ipc_extent(void* state, void* ptr, size_t* bytes);
 
 // emu_stream.cpp
 int stream_create(void* state, int device, void** stream);

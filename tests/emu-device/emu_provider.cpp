@@ -270,7 +270,8 @@ constexpr hmc_device_provider_t kProvider = {
     .name = "emu",
     .caps = HMC_DEV_CAP_DEVICE_MEM | HMC_DEV_CAP_PINNED_HOST | HMC_DEV_CAP_SHAREABLE |
             HMC_DEV_CAP_STREAMS | HMC_DEV_CAP_REDUCE | HMC_DEV_CAP_IPC | HMC_DEV_CAP_PEER_ACCESS |
-            HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER | HMC_DEV_CAP_MEM_QUERY,
+            HMC_DEV_CAP_STREAM_FLAGS | HMC_DEV_CAP_HOST_REGISTER | HMC_DEV_CAP_MEM_QUERY |
+            HMC_DEV_CAP_IPC_EXTENT,
     .params = kParams,
     .num_params = sizeof(kParams) / sizeof(kParams[0]),
     .init = init,
@@ -302,6 +303,7 @@ constexpr hmc_device_provider_t kProvider = {
     .host_register = host_register,
     .host_unregister = host_unregister,
     .mem_query = mem_query,
+    .ipc_extent = ipc_extent,
 };
 
 }  // namespace

@@ -109,3 +109,24 @@ TEST_CASE("an IPC offer whose offset wraps fails both sides", "[rewrite]") {
   INFO(describe(exits));
   CHECK(all_ok(exits));
 }
+
+TEST_CASE("an IPC offer larger than the memory it names fails both sides", "[rewrite]") {
+  // The first offer says alloc_bytes = 2^64 - 1 and asks for the 4 MiB at 8 MiB, past the
+  // end of the 4 MiB the import maps: only the provider's extent of the import (ipc_extent)
+  // shows it.
+  auto exits = run_hostile(1, "ipc", std::to_string(2 * kBytes), true, [&](RankEnv& e) {
+    if (e.rank == 0) {
+      std::vector<uint8_t> buf = random_bytes(kBytes, 14);
+      Status s = e.comm.isend(buf.data(), kBytes, 1, 7).wait(kWait);
+      HMC_EXPECT(s.code() == ErrorCode::kOutOfBounds, "send: " + s.to_string());
+      return 0;
+    }
+    auto mem = e.ctx.alloc({"emu", 0}, kBytes);
+    HMC_EXPECT(mem.ok(), mem.status().to_string());
+    Status s = e.comm.irecv(mem.value().data(), kBytes, 0, 7).wait(kWait);
+    HMC_EXPECT(s.code() == ErrorCode::kOutOfBounds, "receive: " + s.to_string());
+    return 0;
+  });
+  INFO(describe(exits));
+  CHECK(all_ok(exits));
+}

@@ -44,6 +44,7 @@ extern "C" {
 #define HMC_DEV_CAP_STREAM_FLAGS (1ull << 8) /* flag_alloc/flag_free/stream_wait_flag (appended) */
 #define HMC_DEV_CAP_HOST_REGISTER (1ull << 9) /* host_register/host_unregister (appended) */
 #define HMC_DEV_CAP_MEM_QUERY (1ull << 10)    /* mem_query (appended) */
+#define HMC_DEV_CAP_IPC_EXTENT (1ull << 11)   /* ipc_extent (appended) */
 
 /* mem_alloc kinds. */
 #define HMC_ALLOC_DEVICE 0
@@ -151,6 +152,15 @@ typedef struct hmc_device_provider {
    * included, so the answer must be cheap, and asking must not create a context on any
    * device. */
   int (*mem_query)(void* state, const void* ptr, int* device, void** base, size_t* bytes, uint64_t* id);
+
+  /* Appended: what an import maps (HMC_DEV_CAP_IPC_EXTENT, with HMC_DEV_CAP_IPC). For a
+   * pointer ipc_import returned, *bytes: how many bytes from it on the import maps, as the
+   * provider knows it from the mapping itself (the file's size it checked, the driver's
+   * range of the allocation), never from what the exporter wrote into the handle. The
+   * exporting peer also says how large its memory is, and the host writes only where both
+   * allow: without this entry a peer that lies in its first offer could make the host
+   * write past the mapping. */
+  int (*ipc_extent)(void* state, void* ptr, size_t* bytes);
 } hmc_device_provider_t;
 
 typedef const hmc_device_provider_t* (*hmc_device_entry_v1_fn)(void);
