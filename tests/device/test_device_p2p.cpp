@@ -128,6 +128,18 @@ TEST_CASE("device memory the application allocated moves like HMC's own", "[devi
   run_exchange({{"HMC_HOST_ID", "host-{rank}"}, {"HMC_STAGE_CHUNK", "1M"}}, Side::kForeignDevice, Side::kForeignDevice);
 }
 
+// A fresh file for one test's emulator event log (HMC_EMU_REGISTER_LOG), or "" with a
+// warning where another provider is under test (`needs` says what the test needs of it).
+std::string emu_log(const char* name, const char* needs) {
+  if (device_under_test() != "emu") {
+    WARN(needs << ": skipped for " << device_under_test());
+    return "";
+  }
+  const std::string log = "/tmp/hmc-" + std::string(name) + "-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  return log;
+}
+
 // The events the emulator logged to `log` (HMC_EMU_REGISTER_LOG) by every rank, counted by
 // kind; the file is removed.
 std::map<std::string, int> logged_events(const std::string& log) {
@@ -143,12 +155,8 @@ std::map<std::string, int> logged_events(const std::string& log) {
 // Between ranks of one host such memory goes by IPC like HMC's own: the receiver exports
 // its buffer, kept by the provider's id of the allocation, and the sender imports it.
 TEST_CASE("device memory the application allocated goes by IPC on one host", "[device][p2p][foreign]") {
-  if (device_under_test() != "emu") {
-    WARN("only the emulated provider logs its IPC: skipped for " << device_under_test());
-    return;
-  }
-  const std::string log = "/tmp/hmc-ipc-" + std::to_string(getpid()) + ".log";
-  std::remove(log.c_str());
+  const std::string log = emu_log("ipc", "only the emulated provider logs its IPC");
+  if (log.empty()) return;
   // Each of the exchange's 10 messages (5 sizes, both ways) lands in a fresh buffer: one
   // export and one import each.
   run_exchange({{"HMC_EMU_REGISTER_LOG", log}}, Side::kForeignDevice, Side::kForeignDevice);
@@ -192,12 +200,8 @@ TEST_CASE("device memory the application allocated goes by IPC on one host", "[d
 // refuse another instance's memory) goes through host memory, and HMC asks to export it
 // once: five messages into one such buffer make one refused export, not five.
 TEST_CASE("device memory that cannot be exported is staged, and asked for once", "[device][p2p][foreign]") {
-  if (device_under_test() != "emu") {
-    WARN("only the emulated provider can be told to refuse an export: skipped for " << device_under_test());
-    return;
-  }
-  const std::string log = "/tmp/hmc-ipc-refused-" + std::to_string(getpid()) + ".log";
-  std::remove(log.c_str());
+  const std::string log = emu_log("ipc-refused", "only the emulated provider can be told to refuse an export");
+  if (log.empty()) return;
   auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}, {"HMC_EMU_EXPORT_FOREIGN", "0"}}, [](RankEnv& e) {
     const std::size_t n = 1 << 20;
     auto b = buffer(e.ctx, e.rank, Side::kForeignDevice, n);
@@ -222,7 +226,6 @@ TEST_CASE("device memory that cannot be exported is staged, and asked for once",
   CHECK(count["ipc_export_refused"] == 1);
   CHECK(count["ipc_export"] == 0);
   CHECK(count["ipc_import"] == 0);
-  std::remove(log.c_str());
 }
 
 // The receiver frees each buffer and allocates the next at the same address, as CUDA's
@@ -232,12 +235,8 @@ TEST_CASE("device memory that cannot be exported is staged, and asked for once",
 // idle imports of that peer and imports again, rather than stage through host memory from
 // then on.
 TEST_CASE("a buffer the peer made again at a freed one's address is imported again", "[device][p2p]") {
-  if (device_under_test() != "emu") {
-    WARN("only the emulated provider logs its IPC: skipped for " << device_under_test());
-    return;
-  }
-  const std::string log = "/tmp/hmc-ipc-again-" + std::to_string(getpid()) + ".log";
-  std::remove(log.c_str());
+  const std::string log = emu_log("ipc-again", "only the emulated provider logs its IPC");
+  if (log.empty()) return;
   constexpr int kRounds = 5;
   auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
     const std::size_t n = 64 << 10;
@@ -269,7 +268,6 @@ TEST_CASE("a buffer the peer made again at a freed one's address is imported aga
   CHECK(count["ipc_export"] == kRounds);
   CHECK(count["ipc_import"] == kRounds);  // every message went by IPC
   CHECK(count["ipc_import_refused"] == kRounds - 1);
-  std::remove(log.c_str());
 }
 
 TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {
@@ -391,12 +389,8 @@ TEST_CASE("one-sided put from device memory and into device memory", "[device][p
 // a peer's shareable buffer a device writes into), and every registration ends before its
 // memory is freed or unmapped. The emulated provider checks that and logs each event to a file.
 TEST_CASE("host memory registered for device copies is unregistered before it goes", "[device][p2p][register]") {
-  if (device_under_test() != "emu") {
-    WARN("only the emulated provider logs its registrations: skipped for " << device_under_test());
-    return;
-  }
-  const std::string log = "/tmp/hmc-register-" + std::to_string(getpid()) + ".log";
-  std::remove(log.c_str());
+  const std::string log = emu_log("register", "only the emulated provider logs its registrations");
+  if (log.empty()) return;
   const std::map<std::string, std::string> settings = {{"HMC_EMU_REGISTER_LOG", log}, {"HMC_HOST_REGISTER", "1M"}};
   run_exchange(settings, Side::kDevice, Side::kShareableHost);
   run_exchange(settings, Side::kShareableHost, Side::kDevice);
