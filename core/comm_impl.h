@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -224,7 +225,14 @@ class CommImpl : public Progressable {
     std::deque<std::shared_ptr<PendingNotify>> notify_after;
     std::vector<Inflight> inflight;
     std::vector<Inflight> inflight_scan;  // progress_peer's working copy (keeps its capacity)
-    bool ipc_ok = false;  // same host, and no IPC import has failed yet
+    // IPC stays on for a pair until this many imports failed: one refused allocation (a
+    // driver that still maps a freed one at its address, a hash collision) is staged alone.
+    static constexpr int kIpcStrikes = 8;
+    bool ipc_ok = false;  // same host, and fewer than kIpcStrikes IPC imports failed
+    // IPC imports of the peer's memory this side could not make (as sender), or that the
+    // peer refused (as receiver: offer_key of each refused buffer, never offered again).
+    int ipc_strikes = 0;
+    std::set<uint64_t> ipc_refused;
     // Eager flow control (eager_credit.cpp): what this side may still send eagerly, and
     // what of the peer's eager messages was consumed here and not yet given back.
     std::size_t eager_credit = 0;

@@ -104,15 +104,17 @@ std::optional<IpcOffer> DeviceTransfers::offer(const void* ptr, std::size_t byte
                   offset,           m.device_mem ? device_key(*m.provider, m.device) : std::string(), *handle};
 }
 
-// The key of an offer's import: the exporter's allocation id, or for memory the exporter
-// did not allocate (id 0) a hash of the handle, marked by the top bit (ids count from 1
-// and never get there); import() compares the whole handle, so a collision costs IPC
-// with that peer, never a write into the wrong memory.
-std::pair<int, uint64_t> DeviceTransfers::import_key(int peer, const IpcOffer& offer) {
-  if (offer.alloc_id) return {peer, offer.alloc_id};
+uint64_t offer_key(const IpcOffer& offer) {
+  if (offer.alloc_id) return offer.alloc_id;
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (uint8_t b : offer.handle) h = (h ^ b) * 1099511628211ull;
-  return {peer, h | (1ull << 63)};
+  return h | (1ull << 63);
+}
+
+// import() compares the whole handle on a hit of a hashed key, so a collision costs IPC
+// with that peer, never a write into the wrong memory.
+std::pair<int, uint64_t> DeviceTransfers::import_key(int peer, const IpcOffer& offer) {
+  return {peer, offer_key(offer)};
 }
 
 Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffer& offer, LoadedProvider* target) {

@@ -40,6 +40,10 @@ struct IpcOffer {
 // without one, like the emulator's) "index:<n>".
 std::string device_key(LoadedProvider& p, int device);
 std::vector<uint8_t> encode_offer(const IpcOffer& offer);
+// Which allocation an offer names, for one exporter: its allocation id, or for memory it
+// did not allocate (id 0) a hash of the handle, marked by the top bit (ids count from 1
+// and never get there).
+uint64_t offer_key(const IpcOffer& offer);
 Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len);
 
 // Per communicator: imported peer memory, pinned host staging buffers, and IPC copies

@@ -508,7 +508,7 @@ void CommImpl::finish_rndv_recv(Peer& p, uint64_t id, uint64_t size) {
 std::optional<IpcOffer> CommImpl::ipc_offer(const Peer& p, const RecvOp& r, uint64_t rts_flags) {
   if (!p.ipc_ok || !(r.device || (rts_flags & kRtsFromDevice))) return std::nullopt;
   auto offer = dev_.offer(r.buf, r.bytes);
-  if (!offer) return std::nullopt;
+  if (!offer || p.ipc_refused.count(offer_key(*offer))) return std::nullopt;
   bool peer_has = offer->provider == "cpu" ||
                   std::any_of(p.card.devices.begin(), p.card.devices.end(),
                               [&](const DeviceInfo& d) { return d.id.provider == offer->provider; });
@@ -536,9 +536,17 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
   };
   Status s = offer ? dev_.write(p.rank, offer.value(), op.buf, op.bytes, fin) : offer.status();
   if (s.code() == ErrorCode::kUnsupported) {
-    // This process cannot import the peer's memory: ask for a plain CTS and stop offering.
-    HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(), p.path.provider);
-    p.ipc_ok = false;
+    // This process cannot import that memory of the peer: ask for a plain CTS. The peer
+    // stages that buffer from then on; past kIpcStrikes such buffers, every one.
+    const bool off = ++p.ipc_strikes >= Peer::kIpcStrikes;
+    if (off) p.ipc_ok = false;
+    if (off)  // the first refusal and the last are warnings, those between said at debug
+      HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(),
+              p.path.provider);
+    else if (p.ipc_strikes == 1)
+      HMC_LOG("core", warn, "IPC with {} refused ({}); that buffer is staged", describe(p), s.message());
+    else
+      HMC_LOG("core", debug, "IPC with {} refused ({}); that buffer is staged", describe(p), s.message());
     p.rndv_sends[h.id] = op;  // the plain CTS asked for here finds it again
     std::string text = reason_text(s);
     return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);
@@ -569,7 +577,8 @@ void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* paylo
   // Offer the buffer again without IPC; the refusal carries the sender's op id in size.
   RecvOp r = std::move(it->second);
   p.rndv_recvs.erase(it);
-  p.ipc_ok = false;
+  if (auto offer = dev_.offer(r.buf, r.bytes)) p.ipc_refused.insert(offer_key(*offer));
+  if (++p.ipc_strikes >= Peer::kIpcStrikes) p.ipc_ok = false;
   const uint64_t sender_id = h.size, size = r.bytes;
   start_rndv_recv(p, std::move(r), sender_id, size, 0);
 }
