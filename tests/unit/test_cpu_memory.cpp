@@ -145,8 +145,10 @@ TEST_CASE("shareable memory lies in a memfd sealed against shrinking and growing
     INFO(link);
     ++found;
     CHECK((fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW));
-    CHECK(ftruncate(fd, 0) != 0);
-    CHECK(errno == EPERM);
+    const int rc = ftruncate(fd, 0);
+    const int err = errno;
+    CHECK(rc != 0);
+    CHECK(err == EPERM);
   }
   closedir(dir);
   CHECK(found >= 1);
