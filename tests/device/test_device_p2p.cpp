@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -270,42 +271,48 @@ TEST_CASE("a buffer the peer made again at a freed one's address is imported aga
   CHECK(count["ipc_import_refused"] == kRounds - 1);
 }
 
+// Rank 0 sends `rounds` messages of 64 KiB (past the eager limit: rendezvous, so IPC
+// offers) from host memory, the first over e.comm and the rest over a second communicator;
+// rank 1 receives each into a fresh device buffer, freed after unless keep(i). A freed
+// buffer's successor must take its address (the emulator's allocator does), a kept one's
+// not; every message arrives intact.
+int second_comm_rounds(RankEnv& e, int rounds, uint64_t salt, const std::function<bool(int)>& keep) {
+  auto other = split(e.ctx, e.comm, 0, e.rank);
+  HMC_EXPECT(other.ok(), other.status().to_string());
+  const std::size_t n = 64 << 10;
+  std::vector<DevBuf> kept;
+  void* last = nullptr;
+  for (int i = 0; i < rounds; ++i) {
+    Communicator& comm = i == 0 ? e.comm : other.value();
+    const auto data = random_bytes(n, salt + i);
+    if (e.rank == 0) {
+      std::vector<uint8_t> from = data;
+      HMC_EXPECT_OK(comm.send(from.data(), n, 1, 9));
+    } else {
+      auto to = buffer(e.ctx, e.rank, Side::kDevice, n);
+      HMC_EXPECT(to.ok(), to.status().to_string());
+      if (i > 0)
+        HMC_EXPECT((to->ptr() == last) == !keep(i - 1), "buffer " + std::to_string(i) + " is not where expected");
+      last = to->ptr();
+      HMC_EXPECT_OK(comm.recv(to->ptr(), n, 0, 9));
+      HMC_EXPECT_OK(to->pull());
+      HMC_EXPECT(to->host == data, "message " + std::to_string(i));
+      if (keep(i)) kept.push_back(std::move(to.value()));
+    }
+    HMC_EXPECT_OK(e.comm.barrier());
+  }
+  HMC_EXPECT_OK(other->finalize());
+  return 0;
+}
+
 // The same with a second communicator between the two ranks: the first still holds its
-// import of the freed buffer, which the second cannot close, so the second cannot import
-// the buffer made at its address. That buffer is staged; IPC goes on for the next ones.
+// import of the freed buffer X, which the second cannot close, so the second cannot import
+// Y made at X's address. Y is staged; IPC goes on for Z (made while Y is kept).
 TEST_CASE("a buffer one communicator cannot import is staged, and IPC goes on for others", "[device][p2p]") {
   const std::string log = emu_log("ipc-strike", "only the emulated provider logs its IPC");
   if (log.empty()) return;
   auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
-    auto other = split(e.ctx, e.comm, 0, e.rank);
-    HMC_EXPECT(other.ok(), other.status().to_string());
-    const std::size_t n = 64 << 10;
-    auto from = buffer(e.ctx, e.rank, Side::kPlainHost, n);
-    HMC_EXPECT(from.ok(), from.status().to_string());
-    void* first = nullptr;
-    // Into X over e.comm; into Y (X's address, X freed) and then Z (Y kept) over `other`.
-    std::vector<DevBuf> kept;
-    for (int i = 0; i < 3; ++i) {
-      Communicator& comm = i == 0 ? e.comm : other.value();
-      if (e.rank == 0) {
-        from->host = random_bytes(n, 4000 + i);
-        HMC_EXPECT_OK(from->push());
-        HMC_EXPECT_OK(comm.send(from->ptr(), n, 1, 9));
-      } else {
-        auto to = buffer(e.ctx, e.rank, Side::kDevice, n);
-        HMC_EXPECT(to.ok(), to.status().to_string());
-        if (i == 0) first = to->ptr();
-        if (i == 1) HMC_EXPECT(to->ptr() == first, "the emulator put the second buffer at another address");
-        if (i == 2) HMC_EXPECT(to->ptr() != first, "the third buffer took the second's address");
-        HMC_EXPECT_OK(comm.recv(to->ptr(), n, 0, 9));
-        HMC_EXPECT_OK(to->pull());
-        HMC_EXPECT(to->host == random_bytes(n, 4000 + i), "message " + std::to_string(i));
-        if (i > 0) kept.push_back(std::move(to.value()));  // X is freed, Y stays
-      }
-      HMC_EXPECT_OK(e.comm.barrier());
-    }
-    HMC_EXPECT_OK(other->finalize());
-    return 0;
+    return second_comm_rounds(e, 3, 4000, [](int i) { return i > 0; });
   }, kWait);
   REQUIRE(all_ok(exits));
   auto count = logged_events(log);
@@ -314,33 +321,14 @@ TEST_CASE("a buffer one communicator cannot import is staged, and IPC goes on fo
   CHECK(count["ipc_import"] == 2);  // X and Z; Y went through host memory
 }
 
-// Past Peer::kIpcStrikes (8) refused imports IPC stays off for the pair: a second
+// Past Peer::kIpcStrikes (8) refused imports IPC stays off for the pair: the second
 // communicator sends into 11 buffers, each freed after and made again at the address the
 // first communicator's import still maps. Eight are refused, the rest not even offered.
 TEST_CASE("IPC stays off for a pair after eight refused imports", "[device][p2p]") {
   const std::string log = emu_log("ipc-strikes", "only the emulated provider logs its IPC");
   if (log.empty()) return;
   auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
-    auto other = split(e.ctx, e.comm, 0, e.rank);
-    HMC_EXPECT(other.ok(), other.status().to_string());
-    const std::size_t n = 64 << 10;  // past the eager limit: a rendezvous, so an IPC offer
-    std::vector<uint8_t> from(n);
-    for (int i = 0; i < 12; ++i) {
-      Communicator& comm = i == 0 ? e.comm : other.value();
-      if (e.rank == 0) {
-        from = random_bytes(n, 5000 + i);
-        HMC_EXPECT_OK(comm.send(from.data(), n, 1, 9));
-      } else {
-        auto to = buffer(e.ctx, e.rank, Side::kDevice, n);
-        HMC_EXPECT(to.ok(), to.status().to_string());
-        HMC_EXPECT_OK(comm.recv(to->ptr(), n, 0, 9));
-        HMC_EXPECT_OK(to->pull());
-        HMC_EXPECT(to->host == random_bytes(n, 5000 + i), "message " + std::to_string(i));
-      }
-      HMC_EXPECT_OK(e.comm.barrier());
-    }
-    HMC_EXPECT_OK(other->finalize());
-    return 0;
+    return second_comm_rounds(e, 12, 5000, [](int) { return false; });
   }, kWait);
   REQUIRE(all_ok(exits));
   auto count = logged_events(log);
