@@ -133,7 +133,7 @@ class CommImpl : public Progressable {
     bool getting = false;      // a get into buf is under way (kRtsGet)
     bool device = false;       // buf is device memory
     uint8_t* staged = nullptr; // host buffer the data lands in first (device receives)
-    bool offered_ipc = false;  // the CTS offered buf as IPC memory
+    uint64_t ipc_key = 0;      // offer_key of buf as the CTS offered it over IPC; 0: not offered
     bool chunked = false;      // kChunk messages came: staged parts are copied as they land
     int copies = 0;            // staged parts still being copied to buf
     bool fin = false;          // kFin came while copies ran: finish when they end

@@ -241,7 +241,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
   const bool get_band = size <= p.path.get_limit || size >= p.path.get_from;
   if ((rts_flags & kRtsGet) && get_band && !senders_turn(p, r, rts_flags) && start_get(p, r, sender_id, key, key_len)) return;
   if (auto offer = ipc_offer(p, r, rts_flags)) {
-    r.offered_ipc = true;
+    r.ipc_key = offer_key(*offer);
     std::vector<uint8_t> wire = encode_offer(*offer);
     uint64_t id = r.id;
     auto op = r.op;
@@ -249,7 +249,7 @@ void CommImpl::start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t s
     post_msg(p, MsgType::kCtsIpc, 0, sender_id, size, id, wire.data(), wire.size(), OnEnd::fails(op));
     return;
   }
-  r.offered_ipc = false;
+  r.ipc_key = 0;
   if (r.device) {  // the data lands in pinned host memory, then moves to the device on FIN
     auto staged = dev_.stage(ctx_.mem_info(r.buf, size), size);
     if (!staged) return refuse(staged.status());
@@ -540,13 +540,12 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
     // stages that buffer from then on; past kIpcStrikes such buffers, every one.
     const bool off = ++p.ipc_strikes >= Peer::kIpcStrikes;
     if (off) p.ipc_ok = false;
-    if (off)  // the first refusal and the last are warnings, those between said at debug
-      HMC_LOG("core", warn, "IPC with {} refused ({}); staging through {} from now on", describe(p), s.message(),
-              p.path.provider);
-    else if (p.ipc_strikes == 1)
-      HMC_LOG("core", warn, "IPC with {} refused ({}); that buffer is staged", describe(p), s.message());
-    else
-      HMC_LOG("core", debug, "IPC with {} refused ({}); that buffer is staged", describe(p), s.message());
+    const std::string said = fmt::format("IPC with {} refused ({}); {}", describe(p), s.message(),
+                                         off ? "staging through " + p.path.provider + " from now on"
+                                             : std::string("that buffer is staged"));
+    // The first refusal and the last are warnings, those between said at debug.
+    if (off || p.ipc_strikes == 1) HMC_LOG("core", warn, "{}", said);
+    else HMC_LOG("core", debug, "{}", said);
     p.rndv_sends[h.id] = op;  // the plain CTS asked for here finds it again
     std::string text = reason_text(s);
     return post_msg(p, MsgType::kCtsRefused, 0, h.aux, h.id, 0, text.data(), text.size(), nullptr);
@@ -577,7 +576,7 @@ void CommImpl::on_cts_refused(Peer& p, const WireHeader& h, const uint8_t* paylo
   // Offer the buffer again without IPC; the refusal carries the sender's op id in size.
   RecvOp r = std::move(it->second);
   p.rndv_recvs.erase(it);
-  if (auto offer = dev_.offer(r.buf, r.bytes)) p.ipc_refused.insert(offer_key(*offer));
+  if (r.ipc_key) p.ipc_refused.insert(r.ipc_key);
   if (++p.ipc_strikes >= Peer::kIpcStrikes) p.ipc_ok = false;
   const uint64_t sender_id = h.size, size = r.bytes;
   start_rndv_recv(p, std::move(r), sender_id, size, 0);
