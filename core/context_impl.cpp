@@ -12,11 +12,19 @@
 #include <thread>
 
 #include "core/bootstrap.h"
+#include "core/ipc_imports.h"
 #include "core/log.h"
 #include "core/path_negotiation.h"
 
 namespace hmc::core {
 namespace {
+
+// Allocation ids count per process, not per context: a peer keys its imports of this
+// process's memory by them (ipc_imports.h), whichever context made the allocation.
+uint64_t next_alloc_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 std::string read_boot_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
@@ -103,6 +111,7 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   auto reg = PluginRegistry::load(ctx->config_, *ctx->engine_);
   if (!reg) return reg.status();
   ctx->registry_ = std::move(reg.value());
+  ctx->ipc_imports_ = std::make_unique<IpcImports>(*ctx);
   for (auto& n : ctx->registry_->nets()) {
     LoadedProvider* p = n.get();
     // A provider nobody uses is not polled either: nothing to tell it (ucx's thread would
@@ -181,7 +190,7 @@ Result<Memory> ContextImpl::alloc(const DeviceId& device, std::size_t bytes, All
   }
   {
     std::lock_guard lock(mu_);
-    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id_++, kind, device_mem, net, mr};
+    allocations_[reinterpret_cast<uintptr_t>(ptr)] = {bytes, p, device.index, next_alloc_id(), kind, device_mem, net, mr};
     if (device_mem) device_allocs_.fetch_add(1, std::memory_order_relaxed);
   }
   return Memory(this, device, ptr, bytes, kind);

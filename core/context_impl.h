@@ -17,6 +17,7 @@
 
 namespace hmc::core {
 
+class IpcImports;  // ipc_imports.h
 
 class ContextImpl {
  public:
@@ -62,7 +63,7 @@ class ContextImpl {
     LoadedProvider* provider = nullptr;  // cpu for plain host memory
     int device = 0;
     bool device_mem = false;  // the CPU cannot touch it: move it with the provider's copy
-    uint64_t alloc_id = 0;    // unique per allocation, 0 for memory HMC did not allocate
+    uint64_t alloc_id = 0;    // unique per allocation in this process, 0 for memory HMC did not allocate
                               // (host memory, or device memory a provider's mem_query knew)
     AllocKind kind = AllocKind::kDefault;
     const uint8_t* base = nullptr;  // the allocation's start, null for host memory not HMC's
@@ -79,6 +80,8 @@ class ContextImpl {
   Status divide(void* buf, std::size_t count, DataType dtype, uint64_t divisor);
 
   StreamRetirement& stream_retirement() { return *retirement_; }
+  // Peer memory imported over IPC, shared by this context's communicators.
+  IpcImports& ipc_imports() { return *ipc_imports_; }
 
   Result<UniqueId> create_unique_id();
   // Starts a bootstrap root on host:port for from_env's rank 0; kept alive with the context.
@@ -125,10 +128,10 @@ class ContextImpl {
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
   std::atomic<int> device_allocs_{0};  // of them, device memory (changed under mu_)
   std::atomic<uint64_t> free_generation_{0};
-  uint64_t next_alloc_id_ = 1;
   std::vector<std::unique_ptr<BootstrapRoot>> roots_;
   // Declared after registry_: freed first, while the providers are still loaded.
   std::unique_ptr<StreamRetirement> retirement_ = std::make_unique<StreamRetirement>();
+  std::unique_ptr<IpcImports> ipc_imports_;  // closed first, while the providers are loaded
 };
 
 // Reads provider `p`'s last error for messages.

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "hmc/communicator.h"
 
 namespace hmc::core {
 namespace {
@@ -111,102 +112,8 @@ uint64_t offer_key(const IpcOffer& offer) {
   return h | (1ull << 63);
 }
 
-// import() compares the whole handle on a hit of a hashed key, so a collision costs IPC
-// with that peer, never a write into the wrong memory.
-std::pair<int, uint64_t> DeviceTransfers::import_key(int peer, const IpcOffer& offer) {
-  return {peer, offer_key(offer)};
-}
-
-Result<std::pair<int, uint64_t>> DeviceTransfers::import(int peer, const IpcOffer& offer, LoadedProvider* target) {
-  auto key = import_key(peer, offer);
-  auto it = imports_.find(key);
-  if (it != imports_.end() && !offer.alloc_id && it->second.handle != offer.handle)
-    return Status(ErrorCode::kUnsupported, "two IPC handles of rank " + std::to_string(peer) + " share an import key");
-  if (it == imports_.end()) {
-    // Closing an import waits for the whole device (cudaIpcCloseMemHandle), and so would not
-    // return while a stream waits on a flag of this context, which only progress sets (this
-    // thread's, perhaps): then the cache grows past kMaxImports until no flag is pending.
-    // Not covered: a stream-ordered call that another thread makes on this communicator
-    // between the check and the close (its progress needs the lock this thread holds).
-    while (imports_.size() >= kMaxImports && !ctx_.engine()->held()) {
-      auto oldest = imports_.end();
-      for (auto i = imports_.begin(); i != imports_.end(); ++i)
-        if (i->second.copies == 0 && (oldest == imports_.end() || i->second.last_use < oldest->second.last_use)) oldest = i;
-      if (oldest == imports_.end()) break;
-      close_import(oldest->first, oldest->second);
-      imports_.erase(oldest);
-    }
-    void* ptr = nullptr;
-    auto import_it = [&] {
-      return target->dev->ipc_import(target->state, offer.handle.data(), offer.handle.size(), &ptr) == 0 && ptr;
-    };
-    // A driver refuses memory this process maps already through an import of an allocation
-    // the peer has freed since (CUDA, cudaErrorAlreadyMapped: its allocator puts small
-    // allocations in blocks it keeps, so a new one may lie where a freed one was). Closing
-    // this peer's idle imports lets such an import through; they are made again when used.
-    if (!import_it() && !(close_idle(peer) && import_it()))
-      return Status(ErrorCode::kUnsupported, "importing rank " + std::to_string(peer) + "'s " + offer.provider +
-                                                 " memory failed: " + provider_error(*target));
-    // Writes stay within what the offer says and what the import maps: the offer comes
-    // from the peer, the extent from the provider's own mapping (where it can say).
-    uint64_t bytes = offer.alloc_bytes;
-    if (target->dev->caps & HMC_DEV_CAP_IPC_EXTENT) {
-      std::size_t mapped = 0;
-      if (target->dev->ipc_extent(target->state, ptr, &mapped) != 0) {
-        const Status why(ErrorCode::kUnsupported, "the size of rank " + std::to_string(peer) + "'s imported " +
-                                                     offer.provider + " memory is unknown: " + provider_error(*target));
-        target->dev->ipc_close(target->state, ptr);
-        return why;
-      }
-      bytes = std::min<uint64_t>(bytes, mapped);
-    }
-    std::vector<uint8_t> handle = offer.alloc_id ? std::vector<uint8_t>() : offer.handle;
-    it = imports_.emplace(key, Import{target, ptr, bytes, 0, 0, nullptr, std::move(handle)}).first;
-  }
-  it->second.last_use = ++uses_;
-  return key;
-}
-
-bool DeviceTransfers::close_idle(int peer) {
-  if (ctx_.engine()->held()) return false;  // closing waits for the device (kMaxImports above)
-  bool closed = false;
-  for (auto i = imports_.begin(); i != imports_.end();) {
-    if (i->first.first != peer || i->second.copies != 0) {
-      ++i;
-      continue;
-    }
-    close_import(i->first, i->second);
-    i = imports_.erase(i);
-    closed = true;
-  }
-  if (closed) HMC_LOG("core", debug, "closed the idle imports of rank {} to import another allocation of it", peer);
-  return closed;
-}
-
-void DeviceTransfers::pin(Import& imp, LoadedProvider* by, std::size_t bytes) {
-  const std::size_t min = ctx_.host_register_min();
-  if (imp.pinned_by || imp.provider->name != "cpu" || by == imp.provider || !(by->dev->caps & HMC_DEV_CAP_HOST_REGISTER) ||
-      min == 0 || bytes < min)
-    return;
-  if (by->dev->host_register(by->state, imp.ptr, imp.bytes) != 0) {
-    HMC_LOG("core", debug, "{} did not register {} bytes of a peer's host memory ({}); copies into it run at pageable speed",
-            by->name, imp.bytes, provider_error(*by));
-    return;
-  }
-  imp.pinned_by = by;
-}
-
-void DeviceTransfers::close_import(const std::pair<int, uint64_t>& key, Import& imp) {
-  if (imp.pinned_by && imp.pinned_by->dev->host_unregister(imp.pinned_by->state, imp.ptr) != 0)
-    HMC_LOG("core", warn, "{} could not unregister rank {}'s host memory: {}", imp.pinned_by->name, key.first,
-            provider_error(*imp.pinned_by));
-  imp.pinned_by = nullptr;
-  if (imp.provider->dev->ipc_close(imp.provider->state, imp.ptr) != 0)
-    HMC_LOG("core", warn, "closing imported {} memory of rank {} failed: {}", imp.provider->name, key.first,
-            provider_error(*imp.provider));
-}
-
-DeviceTransfers::DeviceTransfers(ContextImpl& ctx) : ctx_(ctx), async_(ctx.config().flag("HMC_IPC_ASYNC")) {}
+DeviceTransfers::DeviceTransfers(ContextImpl& ctx)
+    : ctx_(ctx), imports_(ctx.ipc_imports()), async_(ctx.config().flag("HMC_IPC_ASYNC")) {}
 
 int DeviceTransfers::stream_device(const ContextImpl::MemInfo& from, const IpcOffer& offer, LoadedProvider* target,
                                    LoadedProvider* by) {
@@ -232,7 +139,8 @@ void* DeviceTransfers::stream(LoadedProvider* by, int device) {
   return it->second;
 }
 
-Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done) {
+Status DeviceTransfers::write(const PeerInfo& peer, const IpcOffer& offer, const void* src, std::size_t bytes,
+                              Done done) {
   // The offer comes from the peer: bounded by what it says (decode_offer checked offset <=
   // alloc_bytes) and by the size the import was made with, without overflow.
   auto overruns = [&](uint64_t size) { return offer.offset > size || bytes > size - offer.offset; };
@@ -242,34 +150,43 @@ Status DeviceTransfers::write(int peer, const IpcOffer& offer, const void* src, 
   LoadedProvider* target = ctx_.registry().device(offer.provider);
   if (!target || !(target->dev->caps & HMC_DEV_CAP_IPC))
     return {ErrorCode::kUnsupported, "provider " + offer.provider + " is not loaded here with IPC"};
-  auto key = import(peer, offer, target);
-  if (!key) return key.status();
-  Import& imp = imports_.at(key.value());
-  if (overruns(imp.bytes)) return overrun;
   const ContextImpl::MemInfo from = ctx_.mem_info(src, bytes);
   LoadedProvider* by = copier(target, from.provider);
   if (!by) return {ErrorCode::kUnsupported, "no provider copies from " + from.provider->name + " into " + offer.provider};
-  pin(imp, by, bytes);
+  std::string exporter = IpcImports::exporter(peer);
+  if (!exporters_.count(exporter)) {
+    imports_.attach(exporter);
+    exporters_.insert(exporter);
+  }
+  auto use = imports_.acquire(exporter, "rank " + std::to_string(peer.rank), offer, target);
+  if (!use) return use.status();
+  if (overruns(use->bytes)) {
+    imports_.release(use->id);
+    return overrun;
+  }
+  imports_.pin(use->id, by, bytes);
   if (by != from.provider) ctx_.pin_for(by, src, bytes);
   // From device memory, the copy runs on a stream, ended by an event that poll() watches.
-  return start(by, stream_device(from, offer, target, by), static_cast<uint8_t*>(imp.ptr) + offer.offset, src, bytes,
-               key.value(), std::move(done));
+  return start(by, stream_device(from, offer, target, by), use->ptr + offer.offset, src, bytes, use->id,
+               std::move(done));
 }
 
 Status DeviceTransfers::copy_async(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
                                    Done done) {
-  return start(by, device, dst, src, bytes, std::nullopt, std::move(done));
+  return start(by, device, dst, src, bytes, 0, std::move(done));
 }
 
 Status DeviceTransfers::start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
-                              std::optional<std::pair<int, uint64_t>> import, Done done) {
+                              uint64_t import, Done done) {
   auto failed = [&](const char* how) {
+    if (import) imports_.release(import);
     return Status{ErrorCode::kInternal, "copy of " + std::to_string(bytes) + " bytes" + how + " by " + by->name +
                                             " failed: " + provider_error(*by)};
   };
   void* st = device >= 0 ? stream(by, device) : nullptr;
   if (!st) {
     if (by->dev->copy(by->state, dst, src, bytes, nullptr) != 0) return failed("");
+    if (import) imports_.release(import);
     done({});
     return {};
   }
@@ -283,11 +200,9 @@ Status DeviceTransfers::start(LoadedProvider* by, int device, void* dst, const v
     return failed(" on a stream");
   }
   if (by->dev->copy(by->state, dst, src, bytes, st) != 0 || by->dev->event_record(by->state, event, st) != 0) {
-    Status why = failed(" on a stream");
     by->dev->event_destroy(by->state, event);
-    return why;
+    return failed(" on a stream");
   }
-  if (import) ++imports_.at(*import).copies;
   pending_.push_back({by, device, event, import, std::move(done)});
   return {};
 }
@@ -311,8 +226,7 @@ bool DeviceTransfers::poll() {
       continue;
     }
     Status s = rc == 0 ? Status{} : Status{ErrorCode::kInternal, "stream copy by " + it->by->name + " failed: " + provider_error(*it->by)};
-    if (it->import)
-      if (auto imp = imports_.find(*it->import); imp != imports_.end()) --imp->second.copies;
+    if (it->import) imports_.release(it->import);
     idle_events_.push_back({it->by, it->device, it->event});
     finished.emplace_back(std::move(it->done), std::move(s));
     it = pending_.erase(it);
@@ -340,10 +254,9 @@ void DeviceTransfers::finish_all(const Status& why) {
     if (s.code() == ErrorCode::kTimeout) {
       // The copy may still write into the import: keep both, leak rather than unmap under it.
       HMC_LOG("core", err, "{}; its event and the peer memory it writes stay open", s.message());
-      if (p.import) imports_.erase(*p.import);
+      if (p.import) imports_.abandon(p.import);
     } else {
-      if (p.import)
-        if (auto imp = imports_.find(*p.import); imp != imports_.end()) --imp->second.copies;
+      if (p.import) imports_.release(p.import);
       idle_events_.push_back({p.by, p.device, p.event});
     }
     p.done(s.ok() ? why : s);
@@ -380,8 +293,8 @@ void DeviceTransfers::release(uint8_t* buf) {
 
 void DeviceTransfers::close() {
   finish_all({ErrorCode::kAborted, "the communicator closed while the IPC copy ran"});
-  for (auto& [key, imp] : imports_) close_import(key, imp);
-  imports_.clear();
+  for (const std::string& e : exporters_) imports_.detach(e);
+  exporters_.clear();
   for (auto& e : idle_events_) e.by->dev->event_destroy(e.by->state, e.event);
   idle_events_.clear();
   for (auto& [where, st] : streams_)

@@ -17,11 +17,12 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/context_impl.h"
+#include "core/ipc_imports.h"
 
 namespace hmc::core {
 
@@ -46,8 +47,9 @@ std::vector<uint8_t> encode_offer(const IpcOffer& offer);
 uint64_t offer_key(const IpcOffer& offer);
 Result<IpcOffer> decode_offer(const uint8_t* data, std::size_t len);
 
-// Per communicator: imported peer memory, pinned host staging buffers, and IPC copies
-// still running on a device stream. Used under the communicator's lock.
+// Per communicator: pinned host staging buffers, and IPC copies still running on a device
+// stream, into peer memory imported through the context's IpcImports. Used under the
+// communicator's lock.
 class DeviceTransfers {
  public:
   using Done = std::function<void(const Status&)>;
@@ -57,14 +59,14 @@ class DeviceTransfers {
   // An offer for [ptr, ptr+bytes), or nullopt when that memory cannot be exported
   // (plain host memory, a provider without IPC, cpu memory not allocated shareable).
   std::optional<IpcOffer> offer(const void* ptr, std::size_t bytes);
-  // Writes `bytes` from local `src` into the peer memory `offer` names (imported once per
-  // peer and allocation). An error return means nothing was started and `done` is never
+  // Writes `bytes` from local `src` into the memory `offer` of `peer` names (imported once
+  // per process and allocation). An error return means nothing was started and `done` is never
   // called (kUnsupported: this process cannot import that memory). Otherwise `done` runs
   // once the bytes are in place: at once for a synchronous copy, from poll() for one
   // left running on a device stream (from device memory, with HMC_IPC_ASYNC, so that the
   // copy engine works while this thread goes on and queued copies run back to back), or
   // from finish_all().
-  Status write(int peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done);
+  Status write(const PeerInfo& peer, const IpcOffer& offer, const void* src, std::size_t bytes, Done done);
   // Copies between local memories on a stream of `by`'s `device` and calls `done` once
   // the bytes are in place (from poll() or finish_all()); synchronously, `done` called
   // before returning, when `by` has no stream there. An error return: nothing started,
@@ -85,37 +87,20 @@ class DeviceTransfers {
   void close();
 
  private:
-  struct Import {
-    LoadedProvider* provider;
-    void* ptr;
-    uint64_t bytes;
-    uint64_t last_use;
-    int copies = 0;                       // stream copies into it still running
-    LoadedProvider* pinned_by = nullptr;  // host_register'ed with this copier
-    std::vector<uint8_t> handle;          // of memory the peer did not allocate (import_key)
-  };
   // A copy queued on a device stream, ended by its event.
   struct Pending {
     LoadedProvider* by;
     int device;
     void* event;
-    std::optional<std::pair<int, uint64_t>> import;  // the import it writes into, if any
+    uint64_t import;  // the IpcImports use it writes into, released when it ends; 0: none
     Done done;
   };
-  // Copies dst <- src: queued on a stream of by's `device` with an event behind it (counted
-  // in `import`'s copies until poll() sees it end), or synchronously, with `done` called
-  // before returning, when device is -1 or `by` has no stream there.
-  Status start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes,
-               std::optional<std::pair<int, uint64_t>> import, Done done);
-  static std::pair<int, uint64_t> import_key(int peer, const IpcOffer& offer);
-  // The key of the import of `offer` from `peer`, importing it first when needed.
-  Result<std::pair<int, uint64_t>> import(int peer, const IpcOffer& offer, LoadedProvider* target);
-  // Registers imported peer host memory with the provider that copies into it.
-  void pin(Import& imp, LoadedProvider* by, std::size_t bytes);
-  void close_import(const std::pair<int, uint64_t>& key, Import& imp);
-  // Closes the imports of `peer` that no copy writes into; whether it closed one (none
-  // while a stream waits on a flag: closing waits for the whole device).
-  bool close_idle(int peer);
+  // Copies dst <- src: queued on a stream of by's `device` with an event behind it (holding
+  // `import` until poll() sees it end), or synchronously, with `done` called before
+  // returning, when device is -1 or `by` has no stream there. `import` is released however
+  // the copy ends, also when it cannot start.
+  Status start(LoadedProvider* by, int device, void* dst, const void* src, std::size_t bytes, uint64_t import,
+               Done done);
   // A stream of `by` on `device` for IPC copies, created once; null when it has none.
   void* stream(LoadedProvider* by, int device);
   // The device whose stream copies from `from` into `offer`'s memory, or -1: synchronous.
@@ -124,13 +109,9 @@ class DeviceTransfers {
   Status wait_one(Pending& p);
 
   ContextImpl& ctx_;
+  IpcImports& imports_;
   bool async_ = true;  // HMC_IPC_ASYNC
-  // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
-  // comes and goes): beyond this many, the least recently used idle one is closed, but
-  // only while no stream waits on a flag (closing waits for the whole device).
-  static constexpr std::size_t kMaxImports = 64;
-  uint64_t uses_ = 0;
-  std::map<std::pair<int, uint64_t>, Import> imports_;  // import_key: (peer, its alloc_id or handle hash)
+  std::set<std::string> exporters_;  // attached to imports_, detached by close()
   std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle (empty: refused)
   // Of device memory HMC did not allocate: provider -> mem_query's id -> handle (empty: refused).
   std::map<LoadedProvider*, std::map<uint64_t, std::vector<uint8_t>>> foreign_exports_;

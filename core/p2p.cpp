@@ -534,7 +534,7 @@ void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, 
       else op->fail(st);
     });
   };
-  Status s = offer ? dev_.write(p.rank, offer.value(), op.buf, op.bytes, fin) : offer.status();
+  Status s = offer ? dev_.write(p.info, offer.value(), op.buf, op.bytes, fin) : offer.status();
   if (s.code() == ErrorCode::kUnsupported) {
     // This process cannot import that memory of the peer: ask for a plain CTS. The peer
     // stages that buffer from then on; past kIpcStrikes such buffers, every one.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "device_support.h"
@@ -272,12 +273,32 @@ TEST_CASE("a buffer the peer made again at a freed one's address is imported aga
 }
 
 // Rank 0 sends `rounds` messages of 64 KiB (past the eager limit: rendezvous, so IPC
-// offers) from host memory, the first over e.comm and the rest over a second communicator;
-// rank 1 receives each into a fresh device buffer, freed after unless keep(i). A freed
-// buffer's successor must take its address (the emulator's allocator does), a kept one's
-// not; every message arrives intact.
-int second_comm_rounds(RankEnv& e, int rounds, uint64_t salt, const std::function<bool(int)>& keep) {
-  auto other = split(e.ctx, e.comm, 0, e.rank);
+// offers) from host memory, the first over e.comm and the rest over a second communicator,
+// split onto `second` (e.ctx when null); rank 1 receives each into a fresh device buffer of
+// e.ctx, freed after unless keep(i). A freed buffer's successor must take its address (the
+// emulator's allocator does), a kept one's not; every message arrives intact.
+// A communicator of the same ranks as e.comm on another context: rank 0 makes its id and
+// sends it over e.comm.
+Result<Communicator> on_context(RankEnv& e, Context& ctx) {
+  std::string text;
+  if (e.rank == 0) {
+    auto id = ctx.create_unique_id();
+    if (!id) return id.status();
+    text = id->to_string();
+    text.resize(128, '\0');
+    for (int r = 1; r < e.size; ++r)
+      if (Status s = e.comm.send(text.data(), text.size(), r, 11); !s.ok()) return s;
+  } else {
+    text.resize(128);
+    if (Status s = e.comm.recv(text.data(), text.size(), 0, 11); !s.ok()) return s;
+  }
+  auto id = UniqueId::parse(text.c_str());
+  if (!id) return id.status();
+  return Communicator::create(ctx, id.value(), e.rank, e.size);
+}
+
+int second_comm_rounds(RankEnv& e, Context* second, int rounds, uint64_t salt, const std::function<bool(int)>& keep) {
+  auto other = second ? on_context(e, *second) : split(e.ctx, e.comm, 0, e.rank);
   HMC_EXPECT(other.ok(), other.status().to_string());
   const std::size_t n = 64 << 10;
   std::vector<DevBuf> kept;
@@ -305,36 +326,83 @@ int second_comm_rounds(RankEnv& e, int rounds, uint64_t salt, const std::functio
   return 0;
 }
 
-// The same with a second communicator between the two ranks: the first still holds its
-// import of the freed buffer X, which the second cannot close, so the second cannot import
-// Y made at X's address. Y is staged; IPC goes on for Z (made while Y is kept).
-TEST_CASE("a buffer one communicator cannot import is staged, and IPC goes on for others", "[device][p2p]") {
-  const std::string log = emu_log("ipc-strike", "only the emulated provider logs its IPC");
-  if (log.empty()) return;
-  auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
-    return second_comm_rounds(e, 3, 4000, [](int i) { return i > 0; });
+// Runs second_comm_rounds on two ranks, its second communicator on a context of its own
+// when `own_context`, and returns the emulator's IPC events (nullopt off the emulator).
+std::optional<std::map<std::string, int>> second_comm_events(const char* name, bool own_context, int rounds,
+                                                             uint64_t salt, const std::function<bool(int)>& keep) {
+  const std::string log = emu_log(name, "only the emulated provider logs its IPC");
+  if (log.empty()) return std::nullopt;
+  auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [&](RankEnv& e) {
+    if (!own_context) return second_comm_rounds(e, nullptr, rounds, salt, keep);
+    auto second = Context::create({{{"HMC_EMU_REGISTER_LOG", log}}});
+    HMC_EXPECT(second.ok(), second.status().to_string());
+    return second_comm_rounds(e, &second.value(), rounds, salt, keep);
   }, kWait);
   REQUIRE(all_ok(exits));
-  auto count = logged_events(log);
-  INFO("ipc_import " << count["ipc_import"] << ", refused " << count["ipc_import_refused"]);
-  CHECK(count["ipc_import_refused"] == 1);
-  CHECK(count["ipc_import"] == 2);  // X and Z; Y went through host memory
+  return logged_events(log);  // the checks below expand to the counts
 }
 
-// Past Peer::kIpcStrikes (8) refused imports IPC stays off for the pair: the second
-// communicator sends into 11 buffers, each freed after and made again at the address the
-// first communicator's import still maps. Eight are refused, the rest not even offered.
+// The same with a second communicator of the context between the two ranks: the first
+// made the import of the freed buffer X, and the second's import of Y, made at X's
+// address, is refused until X's import is closed. Imports belong to the context, so the
+// second closes it and Y goes by IPC too, as does Z (made while Y is kept).
+TEST_CASE("a second communicator closes the first's stale import to import a buffer", "[device][p2p]") {
+  auto count = second_comm_events("ipc-second-comm", false, 3, 4000, [](int i) { return i > 0; });
+  if (!count) return;
+  CHECK((*count)["ipc_import_refused"] == 1);
+  CHECK((*count)["ipc_import"] == 3);  // X, Y and Z: nothing went through host memory
+}
+
+// Two contexts of one process do not share imports, but the driver's refusal is the
+// process's: the second communicator, on a second context of rank 0, cannot close the
+// first context's import of X, and so cannot import Y. Y is staged; IPC goes on for Z.
+TEST_CASE("a buffer one context cannot import is staged, and IPC goes on for others", "[device][p2p]") {
+  auto count = second_comm_events("ipc-strike", true, 3, 4000, [](int i) { return i > 0; });
+  if (!count) return;
+  CHECK((*count)["ipc_import_refused"] == 1);
+  CHECK((*count)["ipc_import"] == 2);  // X and Z; Y went through host memory
+}
+
+// Past Peer::kIpcStrikes (8) refused imports IPC stays off for the pair: the communicator
+// of the second context sends into 11 buffers, each freed after and made again at the
+// address the first context's import still maps. Eight are refused, the rest not even offered.
 TEST_CASE("IPC stays off for a pair after eight refused imports", "[device][p2p]") {
-  const std::string log = emu_log("ipc-strikes", "only the emulated provider logs its IPC");
+  auto count = second_comm_events("ipc-strikes", true, 12, 5000, [](int) { return false; });
+  if (!count) return;
+  CHECK((*count)["ipc_import"] == 1);
+  CHECK((*count)["ipc_import_refused"] == 8);
+}
+
+// Two communicators of one context receive into one device buffer: its sender imports it
+// once, for both.
+TEST_CASE("communicators of one context share their imports of a peer's buffer", "[device][p2p]") {
+  const std::string log = emu_log("ipc-shared", "only the emulated provider logs its IPC");
   if (log.empty()) return;
   auto exits = run_ranks(2, {{"HMC_EMU_REGISTER_LOG", log}}, [](RankEnv& e) {
-    return second_comm_rounds(e, 12, 5000, [](int) { return false; });
+    auto other = split(e.ctx, e.comm, 0, e.rank);
+    HMC_EXPECT(other.ok(), other.status().to_string());
+    const std::size_t n = 64 << 10;
+    auto to = buffer(e.ctx, e.rank, Side::kDevice, n);
+    HMC_EXPECT(to.ok(), to.status().to_string());
+    for (int i = 0; i < 4; ++i) {
+      Communicator& comm = i % 2 ? other.value() : e.comm;
+      const auto data = random_bytes(n, 6000 + i);
+      if (e.rank == 0) {
+        std::vector<uint8_t> from = data;
+        HMC_EXPECT_OK(comm.send(from.data(), n, 1, 9));
+      } else {
+        HMC_EXPECT_OK(comm.recv(to->ptr(), n, 0, 9));
+        HMC_EXPECT_OK(to->pull());
+        HMC_EXPECT(to->host == data, "message " + std::to_string(i));
+      }
+    }
+    HMC_EXPECT_OK(other->finalize());
+    return 0;
   }, kWait);
   REQUIRE(all_ok(exits));
   auto count = logged_events(log);
-  INFO("ipc_import " << count["ipc_import"] << ", refused " << count["ipc_import_refused"]);
+  INFO("ipc_export " << count["ipc_export"] << ", ipc_import " << count["ipc_import"]);
   CHECK(count["ipc_import"] == 1);
-  CHECK(count["ipc_import_refused"] == 8);
 }
 
 TEST_CASE("HMC names the device of memory it did not allocate, unless told not to ask", "[device][foreign]") {

@@ -8,9 +8,9 @@
 // exporting process too (pid is then its own). Importing the same allocation again
 // reuses the mapping and counts a reference; ipc_close drops one. Both sides write the
 // same memfd pages. Each export and import is noted in HMC_EMU_REGISTER_LOG.
-// Unless HMC_EMU_IMPORT_SAME_ADDRESS=0, an import of an allocation fails while this
-// instance holds an import of another one the exporter had at the same address (freed
-// since), noting "ipc_import_refused": CUDA refuses it so (cudaErrorAlreadyMapped) where
+// Unless HMC_EMU_IMPORT_SAME_ADDRESS=0, an import of an allocation fails while some
+// instance of this process holds an import of another one the exporter had at the same
+// address (freed since), noting "ipc_import_refused": CUDA refuses it so (cudaErrorAlreadyMapped) where
 // the exporter's allocator put a new small allocation in a block the importer still maps.
 #include <cerrno>
 #include <cstdio>
@@ -123,15 +123,10 @@ int attach(State* s, const IpcHandle& h, void** ptr) {
       return HMC_PROV_OK;
     }
   }
-  if (s->import_same_address) {
-    std::shared_lock lock(s->mem_mu);
-    for (const auto& [base, other] : s->allocs) {
-      if (other.window == s->devices && other.exporter_at == exporter_at(h)) {
-        note(s, "ipc_import_refused", h.bytes);
-        return fail(HMC_PROV_ERR_INVALID, "ipc_import: an import of an earlier allocation of pid %d at the same "
-                    "address is still open here (CUDA: cudaErrorAlreadyMapped)", h.pid);
-      }
-    }
+  if (s->import_same_address && any_import_at(exporter_at(h), key)) {
+    note(s, "ipc_import_refused", h.bytes);
+    return fail(HMC_PROV_ERR_INVALID, "ipc_import: an import of an earlier allocation of pid %d at the same "
+                "address is still open in this process (CUDA: cudaErrorAlreadyMapped)", h.pid);
   }
   Allocation a;
   if (const int rc = map_import(s, h, &a.shadow); rc != HMC_PROV_OK) return rc;

@@ -180,6 +180,16 @@ void remove_instance(State* s) {
   g_instances.erase(std::find(g_instances.begin(), g_instances.end(), s));
 }
 
+bool any_import_at(const std::string& exporter_at, const std::string& key) {
+  std::shared_lock lock(g_instances_mu);
+  for (State* s : g_instances) {
+    std::shared_lock mem(s->mem_mu);
+    for (const auto& [base, a] : s->allocs)
+      if (a.window == s->devices && a.exporter_at == exporter_at && a.import_key != key) return true;
+  }
+  return false;
+}
+
 int find_device(State* s, const char* what, const void* p, size_t bytes, Held* out) {
   if (window_of(s, p) >= 0) return find_in(s, what, p, bytes, out);
   std::shared_lock lock(g_instances_mu);

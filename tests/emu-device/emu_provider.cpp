@@ -65,7 +65,7 @@ constexpr hmc_param_t kParams[] = {
      "application's runtime, tests/device), as CUDA refuses cudaMallocAsync pool memory, noting "
      "\"ipc_export_refused\" in the log"},
     {"HMC_EMU_IMPORT_SAME_ADDRESS", "int", "1",
-     "1: ipc_import fails while this instance holds an import of another allocation the exporter "
+     "1: ipc_import fails while this process holds an import of another allocation the exporter "
      "had at the same address, as CUDA does (cudaErrorAlreadyMapped) when the exporter's "
      "allocator reuses a block the importer still maps, noting \"ipc_import_refused\"; 0: it "
      "imports"},

@@ -116,6 +116,10 @@ int find_device(State* s, const char* what, const void* p, size_t bytes, Held* o
 // one, fini removes it. The list's lock is taken before any instance's mem_mu.
 void add_instance(State* s);
 void remove_instance(State* s);
+// Whether some instance of this process holds an import of another allocation than
+// `key` that the exporter had at `exporter_at` ("<pid>@<address>"): CUDA's imports are
+// the process's, not one context's.
+bool any_import_at(const std::string& exporter_at, const std::string& key);
 // The device a pointer belongs to: 0..devices-1, devices for imports, -1 for host memory.
 int window_of(const State* s, const void* p);
 size_t page_round(size_t bytes);
