@@ -7,7 +7,8 @@
 // Never installed; tests opt in with HMC_PROVIDER_PATH=<build>/lib/test-ccl.
 //
 // HMC_FAKECCL_SLOT (bytes per rank, default 4 MiB) bounds a message; HMC_FAKECCL_FAIL_RANK
-// makes that rank's operations fail (the failure path).
+// makes that rank's operations fail (the failure path); the others then fail in their next wait.
+// HMC_FAKECCL_NO_ID=1 refuses communicator ids, so that delegation is decided off.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -53,6 +54,7 @@ constexpr size_t kDtypeSize[HMC_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 struct Header {
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> generation;
+  std::atomic<uint32_t> failed;  // rank + 1 of a rank whose operation failed (HMC_FAKECCL_FAIL_RANK)
 };
 
 struct Comm {
@@ -82,6 +84,7 @@ struct State {
   hmc::cpu::State cpu;  // the reduce kernels' settings (baseline kernels)
   size_t slot = 4 << 20;
   int fail_rank = -1;
+  bool no_id = false;
   Group group;
 };
 
@@ -96,6 +99,10 @@ int barrier(Comm* c) {
   }
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(c->timeout_ms);
   while (c->hdr->generation.load() == gen) {
+    if (const uint32_t failed = c->hdr->failed.load()) {  // as a real library's peers would, only at once
+      c->broken = true;
+      return fail(HMC_PROV_ERR_PEER_LOST, "fake: rank %u failed", failed - 1);
+    }
     if (std::chrono::steady_clock::now() > until) {
       c->broken = true;
       return fail(HMC_PROV_ERR_PEER_LOST, "fake: a rank did not arrive within %lld ms", static_cast<long long>(c->timeout_ms));
@@ -108,6 +115,7 @@ int barrier(Comm* c) {
 int check(State* s, Comm* c, size_t bytes, const char* what) {
   if (c->rank == s->fail_rank) {
     c->broken = true;
+    c->hdr->failed.store(static_cast<uint32_t>(c->rank) + 1);
     return fail(HMC_PROV_ERR_INTERNAL, "fake: %s fails on rank %d (HMC_FAKECCL_FAIL_RANK)", what, c->rank);
   }
   if (bytes > c->slot) return fail(HMC_PROV_ERR_UNSUPPORTED, "fake: %s of %zu bytes exceeds the %zu-byte slot", what, bytes, c->slot);
@@ -130,6 +138,7 @@ int init(const hmc_host_services_t* host, void** state, char*, size_t) {
   char v[64];
   if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_SLOT", v, sizeof(v)) == 0) s->slot = std::strtoull(v, nullptr, 10);
   if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_FAIL_RANK", v, sizeof(v)) == 0) s->fail_rank = std::atoi(v);
+  if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_NO_ID", v, sizeof(v)) == 0) s->no_id = std::atoi(v) != 0;
   *state = s;
   return HMC_PROV_OK;
 }
@@ -138,7 +147,8 @@ void fini(void* state) { delete static_cast<State*>(state); }
 const char* last_error(void*) { return g_error.c_str(); }
 int supports(void*, int dtype, int op) { return dtype >= 0 && dtype < HMC_DTYPE_COUNT && op >= 0 && op < HMC_OP_AVG; }
 
-int unique_id(void*, void* id, size_t cap, size_t* len) {
+int unique_id(void* state, void* id, size_t cap, size_t* len) {
+  if (static_cast<State*>(state)->no_id) return fail(HMC_PROV_ERR_UNSUPPORTED, "fake: no ids (HMC_FAKECCL_NO_ID)");
   std::random_device rd;
   const std::string name = "/hmc-fakeccl-" + std::to_string(getpid()) + "-" + std::to_string(rd());
   if (cap < name.size() + 1) return fail(HMC_PROV_ERR_INVALID, "fake: id needs %zu bytes", name.size() + 1);
@@ -286,6 +296,7 @@ int group_end(void* state, void* comm) {
 const hmc_param_t kParams[] = {
     {"HMC_FAKECCL_SLOT", "size", "4194304", "test provider: bytes per rank and message"},
     {"HMC_FAKECCL_FAIL_RANK", "int", "-1", "test provider: this rank's operations fail"},
+    {"HMC_FAKECCL_NO_ID", "int", "0", "test provider: 1 refuses communicator ids"},
 };
 
 const hmc_ccl_provider_t kTable = {
@@ -294,7 +305,7 @@ const hmc_ccl_provider_t kTable = {
     .name = "fake",
     .caps = HMC_CCL_CAP_SHARED_DEVICE,  // every rank's "device" is cpu:0
     .params = kParams,
-    .num_params = 2,
+    .num_params = 3,
     .device_provider = "cpu",
     .init = init,
     .fini = fini,
