@@ -129,8 +129,13 @@ Request broadcast(Communicator& comm, void* buf, std::size_t count, DataType dty
 
 Request all_gather(Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
                    const CollOptions& opt) {
+  return coll::all_gather_on(comm.size() ? &comm.impl() : nullptr, send, recv, count, dtype, opt);
+}
+
+Request coll::all_gather_on(core::CommImpl* ci, const void* send, void* recv, std::size_t count, DataType dtype,
+                            const CollOptions& opt, std::optional<uint64_t> seq) {
   constexpr CollKind kKind = CollKind::kAllGather;
-  Call c(comm, kKind, opt);
+  Call c(ci, kKind, opt, seq);
   if (!c.status().ok()) return c.run(nullptr);
   HMC_COLL_REQUIRE(kKind, check_movement(dtype, count, c.size()));
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(send, count, "send"));

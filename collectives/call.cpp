@@ -36,37 +36,57 @@ Result<StreamStage> stage_for(core::ContextImpl& ctx, const CommState& state, vo
 
 Request failed_request(Status s) { return Request(core::Operation::failed(std::move(s))); }
 
-Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt) : comm_(comm), kind_(kind), opt_(opt) {
-  if (comm.size() == 0) {
+Call::Call(Communicator& comm, CollKind kind, const CollOptions& opt)
+    : Call(comm.size() ? &comm.impl() : nullptr, kind, opt) {}
+
+Call::Call(core::CommImpl* ci, CollKind kind, const CollOptions& opt, std::optional<uint64_t> seq)
+    : ci_(ci), kind_(kind), opt_(opt) {
+  if (!ci) {
     status_ = invalid("communicator is empty (moved from or never created)");
     return;
   }
-  rank_ = comm.rank();
-  size_ = comm.size();
-  seq_ = next_sequence(comm.impl());
+  rank_ = ci->rank();
+  size_ = ci->size();
+  seq_ = seq ? *seq : next_sequence(*ci);
+  own_exchange_ = seq.has_value();
   // Before anything runs: a call with nothing to move (count 0, or one rank) would
   // otherwise succeed on a communicator that finalize() or abort() ended.
-  status_ = comm.impl().usable();
+  status_ = ci->usable();
 }
 
 Request Call::run(const Build& build) {
   const char* name = coll_kind_name(kind_);
   auto prefixed = [&](const Status& s) { return Status(s.code(), std::string(name) + ": " + s.message()); };
   if (!status_.ok()) return failed_request(prefixed(status_));
-  core::CommImpl& ci = comm_.impl();
+  CommState& state = comm_state(*ci_);
+  const CollSettings& settings = state.settings;
+  auto algo = choose_algorithm(settings, kind_, opt_.algorithm, algo_bytes, size_);
+  if (!algo) return failed_request(prefixed(algo.status()));
+  const bool check = opt_.check.value_or(settings.check) && size_ > 1;
+  if (empty && !check) {
+    auto done = core::Operation::make(ci_->context().engine());
+    done->complete(0);
+    return Request(done);
+  }
+  // While delegation is being decided the call waits in the delegation, delegable or not,
+  // with a copy of this call to run on HMC's schedule if it is not delegated (made only then).
+  auto later = [&] { return OwnCall([call = *this, build]() mutable { return call.own(build); }); };
+  if (!own_exchange_)
+    if (auto taken = try_delegate(*ci_, state, kind_, ccl && !empty ? &*ccl : nullptr, opt_, later))
+      return std::move(*taken);
+  return own(build);
+}
+
+Request Call::own(const Build& build) {
+  const char* name = coll_kind_name(kind_);
+  auto prefixed = [&](const Status& s) { return Status(s.code(), std::string(name) + ": " + s.message()); };
+  core::CommImpl& ci = *ci_;
   core::ContextImpl& ctx = ci.context();
   CommState& state = comm_state(ci);
   const CollSettings& settings = state.settings;
   auto algo = choose_algorithm(settings, kind_, opt_.algorithm, algo_bytes, size_);
   if (!algo) return failed_request(prefixed(algo.status()));
   const bool check = opt_.check.value_or(settings.check) && size_ > 1;
-  if (empty && !check) {
-    auto done = core::Operation::make(ctx.engine());
-    done->complete(0);
-    return Request(done);
-  }
-  if (ccl && !empty)
-    if (auto delegated = try_delegate(comm_, state, *ccl, opt_)) return std::move(*delegated);
   if (ccl && !empty && size_ > 1)
     if (auto shared = try_shm(ci, state, *ccl, opt_)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed

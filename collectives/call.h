@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "collectives/ccl.h"
@@ -30,6 +31,10 @@ class Call {
   // Takes the communicator's next sequence number, even when the call then fails its
   // argument checks, so that later collectives keep matching tags on every rank.
   Call(Communicator& comm, CollKind kind, const CollOptions& opt);
+  // The same on the communicator's implementation (null: an empty communicator), with
+  // `seq` in place of the next sequence number where given: the layer's own exchange, which
+  // runs at once, on HMC's schedule.
+  Call(core::CommImpl* ci, CollKind kind, const CollOptions& opt, std::optional<uint64_t> seq = std::nullopt);
 
   // Ok, or why the call cannot run (empty or unusable communicator).
   const Status& status() const { return status_; }
@@ -57,14 +62,24 @@ class Call {
   Request run(const Build& build);
 
  private:
-  Communicator& comm_;
+  // The call on HMC's own schedule (or the shared segments where they serve it): what run()
+  // does unless the vendor library takes it, now or once delegation is decided (ccl.h).
+  Request own(const Build& build);
+
+  core::CommImpl* ci_ = nullptr;  // null when status_ says why not
   CollKind kind_;
-  const CollOptions& opt_;
+  CollOptions opt_;  // a copy: a deferred own() outlives the caller's
+  bool own_exchange_ = false;  // seq given
   Status status_;
   uint64_t seq_ = 0;
   int rank_ = -1;
   int size_ = 0;
 };
+
+// all_gather on the communicator's implementation (null: an empty communicator), for the
+// layer's own exchanges, which may start where no Communicator is at hand (ccl.cpp).
+Request all_gather_on(core::CommImpl* ci, const void* send, void* recv, std::size_t count, DataType dtype,
+                      const CollOptions& opt, std::optional<uint64_t> seq = std::nullopt);
 
 // Argument checks shared by the public functions; each returns kInvalidArgument.
 Status check_dtype(DataType t);

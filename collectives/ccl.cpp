@@ -6,11 +6,15 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/call.h"
 #include "collectives/comm_state.h"
+#include "collectives/tags.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 
@@ -18,6 +22,8 @@ namespace hmc::coll {
 namespace {
 
 constexpr int kAgreeTries = 4;
+constexpr const char* kUndecidedText =
+    "delegation was not decided within HMC_TIMEOUT (a rank has not reached its first delegable collective)";
 
 // What each rank says in the agreement exchange.
 enum Ready : int32_t { kYes = 0, kElsewhere = 1, kNoProvider = 2 };
@@ -63,9 +69,10 @@ bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
 // collectives still running (each done when an event recorded behind it has passed).
 class CclLink : public core::Progressable {
  public:
-  enum class State { kUndecided, kOn, kOff, kFailed };
+  enum class State { kUndecided, kDeciding, kOn, kOff, kFailed };
 
-  CclLink(core::ContextImpl& ctx, int rank, int size) : ctx_(ctx), engine_(ctx.engine()), rank_(rank), size_(size) {}
+  explicit CclLink(core::CommImpl& ci)
+      : ci_(ci), ctx_(ci.context()), engine_(ctx_.engine()), rank_(ci.rank()), size_(ci.size()) {}
   ~CclLink() override;
 
   State state() const { return state_.load(); }
@@ -76,7 +83,18 @@ class CclLink : public core::Progressable {
   bool supports(DataType t, ReduceOp op) const {
     return ccl_->ccl->supports(ccl_->state, static_cast<int>(t), static_cast<int>(op == ReduceOp::kAvg ? ReduceOp::kSum : op));
   }
-  void agree(Communicator& comm, const CclWork& w);
+  // From kUndecided: starts the agreement exchange for a call on `w` (kDeciding), or
+  // decides at once where the cards settle it (kOff).
+  void begin(const CclWork& w);
+  // While kDeciding: the request of a call that waits for the decision (`own` runs it on
+  // HMC's schedule if it is not delegated, and always when not `delegable`), or nullopt
+  // once decided.
+  std::optional<Request> defer(const CclWork& w, bool delegable, OwnCall own);
+  // A collective that is not delegated: nullopt, or while kDeciding, its request waiting
+  // behind the calls that wait (on a stream: waits here until decided).
+  std::optional<Request> behind(CollKind kind, const CollOptions& opt, const std::function<OwnCall()>& later);
+  // Waits until decided, for a call on a stream; false at HMC_TIMEOUT.
+  bool settle();
   Request run(const CclWork& w, void* user_stream);
   bool progress() override;
   // The communicator was aborted: where collectives still run, so is the vendor
@@ -92,6 +110,22 @@ class CclLink : public core::Progressable {
     Clock::time_point deadline;
     std::size_t bytes;
   };
+  struct Offers {
+    Offer mine;
+    std::vector<Offer> all;
+  };
+  // A call made while deciding, and the request its caller holds.
+  struct Deferred {
+    CclWork w;
+    bool delegable;
+    OwnCall own;
+    std::shared_ptr<core::Operation> proxy;
+  };
+  // Such a call once run: its own request, whose end is handed to the proxy.
+  struct Forward {
+    std::shared_ptr<core::Operation> proxy;
+    Request inner;
+  };
   // This rank's buffers as the vendor library will see them.
   struct Placed {
     const void* send = nullptr;
@@ -101,7 +135,17 @@ class CclLink : public core::Progressable {
     const void* out_src = nullptr;
     std::size_t out_bytes = 0;
   };
-  void off(std::string why);
+  State off(std::string why);
+  // Once the exchange has ended (one thread at a time): decides, then runs the calls that
+  // waited; whether it did.
+  bool conclude();
+  // The decision from the offers (the vendor communicator made when on).
+  State decide();
+  // Runs the deferred calls in the order they were made, then sets the state to `decided`.
+  void dispatch(State decided);
+  // Ends the proxies of dispatched calls whose own request ended; whether one did.
+  bool forward();
+  void watch();  // on the engine's list from now on; mu_ held
   bool usable(const void* p, std::size_t bytes) const;
   Result<uint8_t*> stage(Placed& pl, const void* from, std::size_t bytes, void* stream);
   Result<Placed> place(const CclWork& w, void* stream);
@@ -109,6 +153,7 @@ class CclLink : public core::Progressable {
   // Aborts the vendor communicator and fails what is pending; mu_ held.
   void fail_link(const Status& why);
 
+  core::CommImpl& ci_;  // owns this link (through its CommState)
   core::ContextImpl& ctx_;
   std::shared_ptr<core::ProgressEngine> engine_;
   const int rank_, size_;
@@ -121,7 +166,15 @@ class CclLink : public core::Progressable {
   void* comm_ = nullptr;
   void* stream_ = nullptr;
   std::shared_ptr<ScratchPool> pool_;
-  std::mutex mu_;  // guards pending_, spare_events_, registered_
+  // The exchange: set by begin() before the state becomes kDeciding, read once it ended.
+  std::shared_ptr<Offers> offers_;
+  Request agreement_;
+  core::LoadedProvider* asked_ = nullptr;  // the collective provider the offers are about
+  std::mutex mu_;  // guards the members below
+  bool concluding_ = false;
+  bool aborted_ = false;
+  std::vector<Deferred> deferred_;
+  std::vector<Forward> forwards_;
   std::vector<Pending> pending_;
   std::vector<void*> spare_events_;
   bool registered_ = false;
@@ -130,6 +183,9 @@ class CclLink : public core::Progressable {
 CclLink::~CclLink() {
   engine_->remove(this);
   std::lock_guard lock(mu_);  // a progress() already running finishes first
+  const Status gone{ErrorCode::kFinalized, "the communicator was destroyed while the collective was pending"};
+  for (auto& d : deferred_) d.proxy->fail(gone);
+  for (auto& f : forwards_) f.proxy->fail(gone);
   // Work nobody waited for may never finish (a peer gone): cut it short instead.
   if (comm_) (pending_.empty() ? ccl_->ccl->comm_destroy : ccl_->ccl->comm_abort)(ccl_->state, comm_);
   for (auto& p : pending_) {
@@ -140,33 +196,34 @@ CclLink::~CclLink() {
   if (stream_) dev_->dev->stream_destroy(dev_->state, stream_);
 }
 
-void CclLink::off(std::string why) {
-  state_ = State::kOff;
+CclLink::State CclLink::off(std::string why) {
   HMC_LOG("coll", info, "rank {}: collectives stay on HMC's own schedules: {}", rank_, why);
+  return State::kOff;
 }
 
-void CclLink::agree(Communicator& comm, const CclWork& w) {
-  // The cards every rank sent at creation settle the common case without an exchange
-  // (and so without the first call waiting for the others): no shared provider, no
-  // delegation. Every rank holds the same cards, so every rank decides alike.
-  core::CommImpl& ci = comm.impl();
+void CclLink::watch() {
+  if (registered_) return;
+  engine_->add(this);
+  registered_ = true;
+}
+
+void CclLink::begin(const CclWork& w) {
+  // The cards every rank sent at creation settle the common case without an exchange:
+  // no shared provider, no delegation. Every rank holds the same cards, so every rank
+  // decides alike.
+  core::CommImpl& ci = ci_;
   const std::vector<std::string>& first = ci.peer_info(0).ccl_providers;
   for (int r = 0; r < size_; ++r) {
     const auto& theirs = ci.peer_info(r).ccl_providers;
-    if (theirs.empty() || first.empty() || theirs.front() != first.front())
-      return off("rank " + std::to_string(r) + " has " +
-                 (theirs.empty() ? std::string("no collective provider") : "collective provider " + theirs.front()) +
-                 (first.empty() || r == 0 ? "" : ", rank 0 has " + first.front()));
+    if (theirs.empty() || first.empty() || theirs.front() != first.front()) {
+      state_ = off("rank " + std::to_string(r) + " has " +
+                   (theirs.empty() ? std::string("no collective provider") : "collective provider " + theirs.front()) +
+                   (first.empty() || r == 0 ? "" : ", rank 0 has " + first.front()));
+      return;
+    }
   }
-  // On the heap: an exchange whose wait fails may stay posted, and the communicator then
-  // keeps them until it is destroyed.
-  struct Offers {
-    Offer mine;
-    std::vector<Offer> all;
-  };
   auto offers = std::make_shared<Offers>();
   Offer& mine = offers->mine;
-  std::vector<Offer>& all = offers->all;
   core::LoadedProvider* cp = ctx_.registry().ccl(first.front());
   if (cp) {
     const void* where = w.recv_bytes ? static_cast<const void*>(w.recv) : w.send;
@@ -184,21 +241,75 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
       }
     }
   }
-  all.resize(static_cast<std::size_t>(size_));
+  offers->all.resize(static_cast<std::size_t>(size_));
+  ci.keep_until_destroyed(offers);  // a failed exchange's receives may stay posted
+  pool_ = comm_state(ci).scratch;
   CollOptions host_only;
   host_only.algorithm = "ring";  // a named algorithm is never delegated: no recursion
   host_only.check = false;
-  Status s = all_gather(comm, &mine, all.data(), sizeof(Offer), DataType::kUint8, host_only).wait();
-  if (!s.ok()) {
-    ci.keep_until_destroyed(offers);
-    return off("the delegation exchange failed: " + s.message());
+  Request exchange =
+      all_gather_on(&ci, &offers->mine, offers->all.data(), sizeof(Offer), DataType::kUint8, host_only, kAgreeSeq);
+  std::lock_guard lock(mu_);
+  offers_ = std::move(offers);
+  agreement_ = std::move(exchange);
+  asked_ = cp;
+  state_ = State::kDeciding;
+  watch();  // progress() sees the exchange end
+}
+
+std::optional<Request> CclLink::defer(const CclWork& w, bool delegable, OwnCall own) {
+  std::lock_guard lock(mu_);
+  if (state_.load() != State::kDeciding) return std::nullopt;
+  auto proxy = core::Operation::make(engine_);
+  deferred_.push_back({w, delegable, std::move(own), proxy});
+  return Request(proxy);
+}
+
+std::optional<Request> CclLink::behind(CollKind kind, const CollOptions& opt, const std::function<OwnCall()>& later) {
+  while (state_.load() == State::kDeciding) {
+    if (!opt.stream) {
+      if (auto waiting = defer(CclWork{kind}, false, later())) return waiting;
+    } else if (!settle()) {
+      return failed_request({ErrorCode::kTimeout, std::string(coll_kind_name(kind)) + ": " + kUndecidedText});
+    }
   }
+  return std::nullopt;
+}
+
+bool CclLink::settle() {
+  const auto until = core::deadline_after(engine_->default_timeout);
+  while (state_.load() == State::kDeciding) {
+    if (Clock::now() > until) return false;
+    if (!conclude()) {
+      engine_->progress();
+      std::this_thread::yield();
+    }
+  }
+  return true;
+}
+
+bool CclLink::conclude() {
+  {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || concluding_ || state_.load() != State::kDeciding || !core::op_of(agreement_)->done())
+      return false;
+    concluding_ = true;
+  }
+  dispatch(decide());
+  return true;
+}
+
+CclLink::State CclLink::decide() {
+  if (Status s = agreement_.status(); !s.ok()) return off("the delegation exchange failed: " + s.message());
+  const Offer& mine = offers_->mine;
+  const std::vector<Offer>& all = offers_->all;
+  core::LoadedProvider* cp = asked_;
   for (int r = 0; r < size_; ++r)
     if (all[r].ready == kNoProvider) return off("rank " + std::to_string(r) + " could not make a communicator id");
   for (int r = 0; r < size_; ++r) {
     if (all[r].ready == kYes) continue;
     if (--tries_ == 0) return off("rank " + std::to_string(r) + " kept passing buffers that are not on " + cp->ccl->device_provider);
-    return;  // ask again at the next delegable call
+    return State::kUndecided;  // ask again at the next delegable call
   }
   const bool shared_ok = (cp->ccl->caps & HMC_CCL_CAP_SHARED_DEVICE) != 0;
   for (int r = 0; r < size_ && !shared_ok; ++r)
@@ -225,9 +336,83 @@ void CclLink::agree(Communicator& comm, const CclWork& w) {
       HMC_LOG("coll", warn, "rank {}: {} communicator not made: {}", rank_, cp->name, core::provider_error(*cp));
     return off(cp->name + " communicator not made");
   }
-  pool_ = comm_state(comm.impl()).scratch;
-  state_ = State::kOn;
   HMC_LOG("coll", info, "rank {}: collectives delegated to {} on {}:{}", rank_, cp->name, dev_->name, device_);
+  return State::kOn;
+}
+
+void CclLink::dispatch(State decided) {
+  for (;;) {
+    std::vector<Deferred> batch;
+    bool aborted = false;
+    {
+      std::lock_guard lock(mu_);
+      if (deferred_.empty()) {
+        if (state_.load() == State::kDeciding) state_ = decided;  // not over kFailed from a launch below
+        concluding_ = false;
+        return;
+      }
+      // Asked again: as on a rank where each call waited for the exchange it started, the
+      // call that started this one runs now with the calls after it up to the next
+      // delegable one, which starts another.
+      auto end = deferred_.end();
+      if (decided == State::kUndecided)
+        end = std::find_if(deferred_.begin() + 1, deferred_.end(), [](const Deferred& d) { return d.delegable; });
+      batch.assign(std::make_move_iterator(deferred_.begin()), std::make_move_iterator(end));
+      deferred_.erase(deferred_.begin(), end);
+      aborted = aborted_;
+    }
+    for (Deferred& d : batch) {
+      const std::string name = coll_kind_name(d.w.kind);
+      Request r;
+      if (aborted) {
+        r = failed_request({ErrorCode::kAborted, name + ": communicator was aborted"});
+      } else if (d.delegable && state_.load() == State::kFailed) {  // a launch of this batch failed
+        const Status why = failure();
+        r = failed_request({why.code(), name + ": " + why.message()});
+      } else if (d.delegable && decided == State::kOn && (!d.w.op || supports(d.w.dtype, *d.w.op))) {
+        r = run(d.w, nullptr);
+      } else {
+        r = d.own();
+      }
+      std::lock_guard lock(mu_);
+      forwards_.push_back({std::move(d.proxy), std::move(r)});
+    }
+    if (decided != State::kUndecided) continue;
+    HMC_LOG("coll", debug, "rank {}: delegation undecided after exchange {} (some rank's buffers were elsewhere)", rank_,
+            kAgreeTries - tries_);
+    std::optional<CclWork> next;
+    {
+      std::lock_guard lock(mu_);
+      if (!deferred_.empty()) next = deferred_.front().w;
+    }
+    if (!next) continue;
+    begin(*next);  // the next exchange; its end concludes again
+    std::lock_guard lock(mu_);
+    if (state_.load() == State::kDeciding) {
+      concluding_ = false;
+      return;
+    }
+    decided = state_.load();  // begin() decided at once: run the rest so
+  }
+}
+
+bool CclLink::forward() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || forwards_.empty()) return false;
+  bool any = false;
+  for (std::size_t i = 0; i < forwards_.size();) {
+    Forward& f = forwards_[i];
+    const auto& op = core::op_of(f.inner);
+    if (op && !op->done()) {
+      ++i;
+      continue;
+    }
+    if (Status s = f.inner.status(); s.ok()) f.proxy->complete(f.inner.bytes());
+    else f.proxy->fail(s);
+    forwards_.erase(forwards_.begin() + static_cast<std::ptrdiff_t>(i));
+    any = true;
+  }
+  return any;
 }
 
 bool CclLink::usable(const void* p, std::size_t bytes) const {
@@ -359,10 +544,7 @@ Request CclLink::run(const CclWork& w, void* user_stream) {
   Request result(p.op);
   std::lock_guard lock(mu_);
   pending_.push_back(std::move(p));
-  if (!registered_) {
-    engine_->add(this);
-    registered_ = true;
-  }
+  watch();
   return result;
 }
 
@@ -379,9 +561,10 @@ void CclLink::fail_link(const Status& why) {
 }
 
 bool CclLink::progress() {
+  bool any = state_.load() == State::kDeciding && conclude();
+  any = forward() || any;
   std::unique_lock lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || pending_.empty()) return false;
-  bool any = false;
+  if (!lock.owns_lock() || pending_.empty()) return any;
   for (std::size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
     const int q = dev_->dev->event_query(dev_->state, p.event);
@@ -413,6 +596,12 @@ bool CclLink::progress() {
 
 void CclLink::abort() {
   std::lock_guard lock(mu_);
+  aborted_ = true;
+  const Status why{ErrorCode::kAborted, "communicator was aborted"};
+  for (auto& d : deferred_) d.proxy->fail(why);
+  deferred_.clear();
+  for (auto& f : forwards_) f.proxy->fail(why);
+  forwards_.clear();
   // Nothing running: the vendor communicator is destroyed with this link, as after finalize().
   if (state_.load() != State::kOn || pending_.empty()) return;
   HMC_LOG("coll", debug, "rank {}: {} communicator aborted with its communicator ({} pending)", rank_, ccl_->name,
@@ -432,36 +621,46 @@ bool ccl_kind(CollKind kind) {
   }
 }
 
-std::optional<Request> try_delegate(Communicator& comm, CommState& st, const CclWork& w, const CollOptions& opt) {
-  core::ContextImpl& ctx = comm.impl().context();
-  const std::string& mode = st.settings.ccl;
-  if (mode == "off") return std::nullopt;  // else "auto": Config allows no other value
-  // A named algorithm or an argument check asks for HMC's own schedule.
-  if (!ccl_kind(w.kind) || comm.size() < 2 || !opt.algorithm.empty() || st.settings.algo_set ||
-      opt.check.value_or(st.settings.check))
-    return std::nullopt;
+std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind kind, const CclWork* w,
+                                    const CollOptions& opt, const std::function<OwnCall()>& later) {
+  // HMC_CCL=off ("auto" otherwise: Config allows no other value), a named algorithm or an
+  // argument check asks for HMC's own schedule.
+  const bool delegable = w && st.settings.ccl != "off" && ccl_kind(w->kind) && ci.size() >= 2 &&
+                         opt.algorithm.empty() && !st.settings.algo_set && !opt.check.value_or(st.settings.check);
   std::shared_ptr<CclLink> link;
   {
     std::lock_guard lock(st.mu);
-    if (!st.ccl) {
-      st.ccl = std::make_shared<CclLink>(ctx, comm.rank(), comm.size());
-      comm.impl().on_abort([weak = std::weak_ptr<CclLink>(st.ccl)] {
+    if (!st.ccl && delegable) {
+      st.ccl = std::make_shared<CclLink>(ci);
+      ci.on_abort([weak = std::weak_ptr<CclLink>(st.ccl)] {
         if (auto l = weak.lock()) l->abort();
       });
     }
     link = st.ccl;
   }
-  if (link->state() == CclLink::State::kUndecided) link->agree(comm, w);
+  if (!link) return std::nullopt;
+  if (!delegable) return link->behind(kind, opt, later);
+  // Undecided, the call starts an exchange (at most kAgreeTries in all); while one runs,
+  // the call waits for its end in the link, or here when it is on a stream.
+  for (;;) {
+    if (link->state() == CclLink::State::kUndecided) link->begin(*w);
+    if (link->state() != CclLink::State::kDeciding) break;
+    if (!opt.stream) {
+      if (auto waiting = link->defer(*w, true, later())) return waiting;
+    } else if (!link->settle()) {
+      return failed_request({ErrorCode::kTimeout, std::string(coll_kind_name(kind)) + ": " + kUndecidedText});
+    }
+  }
   switch (link->state()) {
     case CclLink::State::kOn: break;
     case CclLink::State::kFailed: {
       const Status why = link->failure();
-      return failed_request({why.code(), std::string(coll_kind_name(w.kind)) + ": " + why.message()});
+      return failed_request({why.code(), std::string(coll_kind_name(kind)) + ": " + why.message()});
     }
     default: return std::nullopt;
   }
-  if (w.op && !link->supports(w.dtype, *w.op)) return std::nullopt;
-  return link->run(w, opt.stream);
+  if (w->op && !link->supports(w->dtype, *w->op)) return std::nullopt;
+  return link->run(*w, opt.stream);
 }
 
 }  // namespace hmc::coll

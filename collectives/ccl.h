@@ -5,22 +5,35 @@
 //
 // Every rank must take the same branch, so the choice depends only on what all ranks share:
 // the communicator's state, decided by one exchange among all ranks, and the call's
-// arguments (kind, dtype, op, options). The exchange runs at a delegable call while the
+// arguments (kind, dtype, op, options). The exchange starts at a delegable call while the
 // state is undecided: each rank says whether it could delegate (a collective provider is
 // loaded and this call's buffer is memory of its device provider). All yes: the vendor
 // communicator is made and the state is on. A rank without a collective provider: off for
 // good. Otherwise (some buffers on the host) the next delegable calls ask again, up to
 // kAgreeTries times. Once on, every delegable call is delegated on every rank; a rank whose
 // buffers are elsewhere (host memory, another device) stages them through device scratch.
+//
+// The exchange does not block the call that starts it: that call, and every delegable call
+// made before the exchange ends, returns at once and waits in the link, and once the
+// exchange has ended (seen by progress, on whichever thread) they run in the order they
+// were made, on the vendor library or on HMC's schedule. A program may so start a
+// collective and then wait for a message that its peer sends before it reaches that
+// collective. Only a call on a stream, which must be queued on it before it returns,
+// waits in the call for the exchange to end (up to HMC_TIMEOUT).
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 
 #include "collectives/select.h"
 #include "hmc/collectives.h"
 #include "hmc/communicator.h"
 #include "hmc/request.h"
+
+namespace hmc::core {
+class CommImpl;
+}
 
 namespace hmc::coll {
 
@@ -43,9 +56,16 @@ struct CclWork {
 // Whether kind can be delegated at all.
 bool ccl_kind(CollKind kind);
 
+// A call on HMC's own schedule, run later.
+using OwnCall = std::function<Request()>;
+
 // The request of `w` run by the communicator's vendor library (`st`: its CommState), or
 // nullopt when this call is not delegated (then HMC's schedule runs it, on every rank
-// alike).
-std::optional<Request> try_delegate(Communicator& comm, CommState& st, const CclWork& w, const CollOptions& opt);
+// alike). While delegation is being decided, the request of a call that waits for the
+// decision: `later()` gives what runs it on HMC's schedule if it is not delegated. A
+// collective of `kind` with no `w` (not delegable) waits too, so that it does not overtake
+// the calls that wait (collectives over shared segments take their numbers as they start).
+std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind kind, const CclWork* w,
+                                    const CollOptions& opt, const std::function<OwnCall()>& later);
 
 }  // namespace hmc::coll

@@ -25,7 +25,7 @@ uint64_t next_sequence(core::CommImpl& comm) {
   CommState& st = comm_state(comm);
   std::lock_guard lock(st.mu);
   const uint64_t seq = st.next_seq;
-  st.next_seq = (seq + 1) % kChannelSeq;
+  st.next_seq = (seq + 1) % kAgreeSeq;
   return seq;
 }
 

@@ -7,8 +7,9 @@
 //
 // Every rank calls collectives in the same order, so the n-th collective has the same
 // sequence number everywhere and several collectives in flight never take each other's
-// messages. The highest sequence value is not used by collectives: it holds channels that
-// are not collectives over the whole communicator (grouped send/recv).
+// messages. The two highest sequence values are not used by collectives: they hold
+// channels that are not collectives over the whole communicator (grouped send/recv, the
+// delegation's exchanges).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,10 @@ inline constexpr uint64_t kReservedBit = 1ull << 63;
 inline constexpr int kSeqShift = 40;
 inline constexpr uint64_t kSeqMask = (1ull << 23) - 1;
 inline constexpr uint64_t kChannelSeq = kSeqMask;  // never a collective's sequence number
+// Nor this: the delegation's exchanges (ccl.cpp), which start and end at times that differ
+// between ranks, so they cannot take a number in call order. One runs after another on
+// each rank, and a peer's messages of one tag match in order.
+inline constexpr uint64_t kAgreeSeq = kSeqMask - 1;
 inline constexpr uint64_t kMaxStep = (1ull << 20) - 1;
 inline constexpr uint64_t kMaxChunks = 1ull << 20;
 // The argument check's messages use the last step.

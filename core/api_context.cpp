@@ -99,6 +99,8 @@ bool Request::test() {
   return op_->done();
 }
 
+const std::shared_ptr<core::Operation>& core::op_of(const Request& r) { return r.op_; }
+
 Status Request::status() const { return op_ ? op_->status() : Status{}; }
 std::size_t Request::bytes() const { return op_ ? op_->bytes() : 0; }
 

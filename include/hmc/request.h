@@ -9,8 +9,11 @@
 
 namespace hmc {
 
+class Request;
 namespace core {
 class Operation;
+// The library's own view of a request's state (core/api_context.cpp).
+const std::shared_ptr<Operation>& op_of(const Request& r);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -40,6 +43,7 @@ class Request {
   bool valid() const { return op_ != nullptr; }
 
  private:
+  friend const std::shared_ptr<core::Operation>& core::op_of(const Request& r);
   std::shared_ptr<core::Operation> op_;
 };
 

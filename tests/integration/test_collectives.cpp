@@ -772,9 +772,9 @@ TEST_CASE("abort() at once fails a collective that waits for a rank that never j
     Buf in(e, DataType::kFloat32, kCount), out(e, DataType::kFloat32, kCount);
     HMC_EXPECT_OK(in.push());
     HMC_EXPECT_OK(out.push());
-    // Together first: the first delegable calls agree on delegation (with some buffers in
-    // host memory, as in the mixed run, they ask again up to 4 times), and each such call
-    // waits for every rank to reach it (docs/collectives.md).
+    // Together first, so that delegation is decided and the lone call below runs where it
+    // puts collectives (the vendor library on cuda): with some buffers in host memory, as
+    // in the mixed run, the first delegable calls ask again up to 4 times.
     for (int i = 0; i < 5; ++i)
       HMC_EXPECT_OK(all_reduce(e.comm, in.ptr(), out.ptr(), kCount, DataType::kFloat32, ReduceOp::kSum).wait(kWait));
     if (e.rank == 1) {  // never joins the second; rank 0's abort ends this receive
@@ -796,6 +796,46 @@ TEST_CASE("abort() at once fails a collective that waits for a rank that never j
                "the pending all_reduce took " +
                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
                    " ms to fail after abort()");
+    return 0;
+  });
+}
+
+// A non-blocking collective returns before its peers reach it, also while the delegation
+// to a vendor library is still being decided (a communicator's first delegable calls, in
+// the device build on cuda with NCCL): rank 0 starts an all_reduce and an all_gather, then
+// sends rank 1 the message that rank 1 waits for before it starts them. Were a first call
+// to wait there for every rank, rank 1's receive would end at HMC_TIMEOUT with kTimeout.
+TEST_CASE("collectives started before a message their peer waits for do not wait for that peer", "[collectives]") {
+  auto s = settings();
+  s["HMC_TIMEOUT"] = "20s";
+  run(2, s, [](RankEnv& e) {
+    constexpr std::size_t kCount = 4096;
+    constexpr uint64_t kSeed = 77;
+    Buf in(e, DataType::kInt32, kCount), sum(e, DataType::kInt32, kCount), all(e, DataType::kInt32, 2 * kCount);
+    fill(in, 0, kCount, kSeed, e.rank, 0);
+    HMC_EXPECT_OK(push({&in, &sum, &all}));
+    auto start = [&] {
+      return std::vector<Request>{all_reduce(e.comm, in.ptr(), sum.ptr(), kCount, DataType::kInt32, ReduceOp::kSum),
+                                  all_gather(e.comm, in.ptr(), all.ptr(), kCount, DataType::kInt32)};
+    };
+    std::vector<Request> started;
+    int32_t token = 0;
+    if (e.rank == 0) {
+      started = start();
+      token = 4242;
+      HMC_EXPECT_OK(e.comm.send(&token, sizeof(token), 1, 31));
+    } else {
+      HMC_EXPECT_OK(e.comm.recv(&token, sizeof(token), 0, 31));
+      HMC_EXPECT(token == 4242, "the message: " + std::to_string(token));
+      started = start();
+    }
+    HMC_EXPECT_OK(wait_all(started.data(), started.size()));
+    HMC_EXPECT_OK(pull({&sum, &all}));
+    Buf want_sum(DataType::kInt32, kCount), want_all(DataType::kInt32, 2 * kCount);
+    for (std::size_t i = 0; i < kCount; ++i) reference(DataType::kInt32, ReduceOp::kSum, 2, kSeed, i, want_sum.host(), i);
+    for (int q = 0; q < 2; ++q) fill(want_all, q * kCount, kCount, kSeed, q, 0);
+    HMC_EXPECT(sum.bytes == want_sum.bytes, "all_reduce result");
+    HMC_EXPECT(all.bytes == want_all.bytes, "all_gather result");
     return 0;
   });
 }
