@@ -58,12 +58,12 @@ Request Call::run(const Build& build) {
   const char* name = coll_kind_name(kind_);
   auto prefixed = [&](const Status& s) { return Status(s.code(), std::string(name) + ": " + s.message()); };
   if (!status_.ok()) return failed_request(prefixed(status_));
-  CommState& state = comm_state(*ci_);
-  const CollSettings& settings = state.settings;
-  auto algo = choose_algorithm(settings, kind_, opt_.algorithm, algo_bytes, size_);
+  state_ = &comm_state(*ci_);
+  auto algo = choose_algorithm(state_->settings, kind_, opt_.algorithm, algo_bytes, size_);
   if (!algo) return failed_request(prefixed(algo.status()));
-  const bool check = opt_.check.value_or(settings.check) && size_ > 1;
-  if (empty && !check) {
+  algo_ = algo.value();
+  check_ = opt_.check.value_or(state_->settings.check) && size_ > 1;
+  if (empty && !check_) {
     auto done = core::Operation::make(ci_->context().engine());
     done->complete(0);
     return Request(done);
@@ -72,7 +72,7 @@ Request Call::run(const Build& build) {
   // with a copy of this call to run on HMC's schedule if it is not delegated (made only then).
   auto later = [&] { return OwnCall([call = *this, build]() mutable { return call.own(build); }); };
   if (!own_exchange_)
-    if (auto taken = try_delegate(*ci_, state, kind_, ccl && !empty ? &*ccl : nullptr, opt_, later))
+    if (auto taken = try_delegate(*ci_, *state_, kind_, ccl && !empty ? &*ccl : nullptr, opt_, later))
       return std::move(*taken);
   return own(build);
 }
@@ -82,11 +82,8 @@ Request Call::own(const Build& build) {
   auto prefixed = [&](const Status& s) { return Status(s.code(), std::string(name) + ": " + s.message()); };
   core::CommImpl& ci = *ci_;
   core::ContextImpl& ctx = ci.context();
-  CommState& state = comm_state(ci);
+  CommState& state = *state_;
   const CollSettings& settings = state.settings;
-  auto algo = choose_algorithm(settings, kind_, opt_.algorithm, algo_bytes, size_);
-  if (!algo) return failed_request(prefixed(algo.status()));
-  const bool check = opt_.check.value_or(settings.check) && size_ > 1;
   if (ccl && !empty && size_ > 1)
     if (auto shared = try_shm(ci, state, *ccl, opt_)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
@@ -108,19 +105,19 @@ Request Call::own(const Build& build) {
   Scratch scratch(ctx, stage->empty() ? ctx.device_of(where) : DeviceId{}, state.scratch);
   Plan plan{sched, scratch, rank_, size_, esz, std::max<std::size_t>(1, chunk_bytes / esz), op == ReduceOp::kAvg};
   if (!empty)
-    if (Status s = build(plan, algo.value()); !s.ok()) return failed_request(prefixed(s));
+    if (Status s = build(plan, algo_); !s.ok()) return failed_request(prefixed(s));
   stage->apply(sched, scratch);
   CollSpec spec{name, dtype, op && *op != ReduceOp::kAvg ? *op : ReduceOp::kSum, static_cast<uint64_t>(size_),
                 result_bytes};
   auto coll = std::make_unique<CollOp>(ci, tag_base(seq_), spec, std::move(sched), std::move(scratch));
-  if (check) {
+  if (check_) {
     CheckDesc mine;
     mine.kind = static_cast<uint32_t>(kind_);
     mine.count = count;
     mine.dtype = static_cast<int32_t>(dtype);
     mine.op = op ? static_cast<int32_t>(*op) : -1;
     mine.root = root;
-    mine.algo = static_cast<int32_t>(algo.value());
+    mine.algo = static_cast<int32_t>(algo_);
     coll->add_check(mine, to_peer, from_peer);
   }
   auto order = stream_order(ctx, where, opt_.stream, stage->copies());

@@ -63,13 +63,17 @@ class Call {
 
  private:
   // The call on HMC's own schedule (or the shared segments where they serve it): what run()
-  // does unless the vendor library takes it, now or once delegation is decided (ccl.h).
+  // does unless the vendor library takes it, now or once delegation is decided (ccl.h),
+  // with what run() chose.
   Request own(const Build& build);
 
   core::CommImpl* ci_ = nullptr;  // null when status_ says why not
   CollKind kind_;
   CollOptions opt_;  // a copy: a deferred own() outlives the caller's
   bool own_exchange_ = false;  // seq given
+  CommState* state_ = nullptr;  // set by run(), with the two below
+  Algo algo_{};
+  bool check_ = false;
   Status status_;
   uint64_t seq_ = 0;
   int rank_ = -1;

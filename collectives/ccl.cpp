@@ -627,19 +627,23 @@ std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind 
   // argument check asks for HMC's own schedule.
   const bool delegable = w && st.settings.ccl != "off" && ccl_kind(w->kind) && ci.size() >= 2 &&
                          opt.algorithm.empty() && !st.settings.algo_set && !opt.check.value_or(st.settings.check);
-  std::shared_ptr<CclLink> link;
-  {
+  // Every collective asks (undelegable ones whether to wait behind): the link, once made,
+  // lives as long as the communicator, and is read without the lock.
+  CclLink* link = st.ccl_link.load(std::memory_order_acquire);
+  if (!link) {
+    if (!delegable) return std::nullopt;
     std::lock_guard lock(st.mu);
-    if (!st.ccl && delegable) {
+    if (!st.ccl) {
       st.ccl = std::make_shared<CclLink>(ci);
       ci.on_abort([weak = std::weak_ptr<CclLink>(st.ccl)] {
         if (auto l = weak.lock()) l->abort();
       });
+      st.ccl_link.store(st.ccl.get(), std::memory_order_release);
     }
-    link = st.ccl;
+    link = st.ccl.get();
   }
-  if (!link) return std::nullopt;
-  if (!delegable) return link->behind(kind, opt, later);
+  if (!delegable)
+    return link->state() == CclLink::State::kDeciding ? link->behind(kind, opt, later) : std::nullopt;
   // Undecided, the call starts an exchange (at most kAgreeTries in all); while one runs,
   // the call waits for its end in the link, or here when it is on a stream.
   for (;;) {

@@ -41,6 +41,7 @@ struct CommState {
   uint64_t next_seq = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
   std::shared_ptr<CclLink> ccl;  // delegation to a vendor library (ccl.h), made on first use
+  std::atomic<CclLink*> ccl_link{nullptr};  // ccl.get() once made: read without the lock
   std::shared_ptr<ShmSeq> shm = std::make_shared<ShmSeq>();
 
  private:
