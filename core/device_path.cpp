@@ -153,12 +153,12 @@ Status DeviceTransfers::write(const PeerInfo& peer, const IpcOffer& offer, const
   const ContextImpl::MemInfo from = ctx_.mem_info(src, bytes);
   LoadedProvider* by = copier(target, from.provider);
   if (!by) return {ErrorCode::kUnsupported, "no provider copies from " + from.provider->name + " into " + offer.provider};
-  std::string exporter = IpcImports::exporter(peer);
-  if (!exporters_.count(exporter)) {
-    imports_.attach(exporter);
-    exporters_.insert(exporter);
+  auto exporter = exporters_.find(peer.rank);
+  if (exporter == exporters_.end()) {
+    exporter = exporters_.emplace(peer.rank, IpcImports::exporter(peer)).first;
+    imports_.attach(exporter->second);
   }
-  auto use = imports_.acquire(exporter, "rank " + std::to_string(peer.rank), offer, target);
+  auto use = imports_.acquire(exporter->second, peer.rank, offer, target);
   if (!use) return use.status();
   if (overruns(use->bytes)) {
     imports_.release(use->id);
@@ -293,7 +293,7 @@ void DeviceTransfers::release(uint8_t* buf) {
 
 void DeviceTransfers::close() {
   finish_all({ErrorCode::kAborted, "the communicator closed while the IPC copy ran"});
-  for (const std::string& e : exporters_) imports_.detach(e);
+  for (const auto& [rank, e] : exporters_) imports_.detach(e);
   exporters_.clear();
   for (auto& e : idle_events_) e.by->dev->event_destroy(e.by->state, e.event);
   idle_events_.clear();

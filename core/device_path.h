@@ -17,7 +17,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -111,7 +110,7 @@ class DeviceTransfers {
   ContextImpl& ctx_;
   IpcImports& imports_;
   bool async_ = true;  // HMC_IPC_ASYNC
-  std::set<std::string> exporters_;  // attached to imports_, detached by close()
+  std::map<int, std::string> exporters_;  // peer rank -> its process, attached to imports_ until close()
   std::map<uint64_t, std::vector<uint8_t>> exports_;    // own alloc_id -> handle (empty: refused)
   // Of device memory HMC did not allocate: provider -> mem_query's id -> handle (empty: refused).
   std::map<LoadedProvider*, std::map<uint64_t, std::vector<uint8_t>>> foreign_exports_;

@@ -49,15 +49,16 @@ bool IpcImports::close_idle(Pick pick) {
   return closed;
 }
 
-Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, const std::string& who,
-                                            const IpcOffer& offer, LoadedProvider* target) {
+Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, int rank, const IpcOffer& offer,
+                                            LoadedProvider* target) {
+  auto who = [rank] { return "rank " + std::to_string(rank); };
   std::lock_guard lock(mu_);
   const uint64_t key = offer_key(offer);
   auto it = find(exporter, key);
   if (it != imports_.end() && (it->second.handle != offer.handle || it->second.provider != target)) {
     // Another allocation under the same key: the old import goes once no copy holds it.
     if (it->second.uses != 0)
-      return Status(ErrorCode::kUnsupported, "two IPC handles of " + who + " share an import key");
+      return Status(ErrorCode::kUnsupported, "two IPC handles of " + who() + " share an import key");
     close(it->second);
     imports_.erase(it);
     it = imports_.end();
@@ -79,10 +80,10 @@ Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, const s
     // again when used.
     if (!import_it()) {
       const bool closed = close_idle([&](const Import& imp) { return imp.exporter == exporter; });
-      if (closed) HMC_LOG("core", debug, "closed the idle imports of {} to import another allocation of it", who);
+      if (closed) HMC_LOG("core", debug, "closed the idle imports of {} to import another allocation of it", who());
       if (!closed || !import_it())
         return Status(ErrorCode::kUnsupported,
-                      "importing " + who + "'s " + offer.provider + " memory failed: " + provider_error(*target));
+                      "importing " + who() + "'s " + offer.provider + " memory failed: " + provider_error(*target));
     }
     // Writes stay within what the offer says and what the import maps: the offer comes
     // from the peer, the extent from the provider's own mapping (where it can say).
@@ -90,7 +91,7 @@ Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, const s
     if (target->dev->caps & HMC_DEV_CAP_IPC_EXTENT) {
       std::size_t mapped = 0;
       if (target->dev->ipc_extent(target->state, ptr, &mapped) != 0) {
-        const Status why(ErrorCode::kUnsupported, "the size of " + who + "'s imported " + offer.provider +
+        const Status why(ErrorCode::kUnsupported, "the size of " + who() + "'s imported " + offer.provider +
                                                      " memory is unknown: " + provider_error(*target));
         target->dev->ipc_close(target->state, ptr);
         return why;

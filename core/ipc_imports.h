@@ -47,9 +47,8 @@ class IpcImports {
     uint64_t bytes = 0;
   };
   // The import of the allocation `offer` names (made now when needed, by `target`), held
-  // for one copy. `who` names the peer in messages. kUnsupported: it cannot be imported.
-  Result<Use> acquire(const std::string& exporter, const std::string& who, const IpcOffer& offer,
-                      LoadedProvider* target);
+  // for one copy. `rank` names the peer in messages. kUnsupported: it cannot be imported.
+  Result<Use> acquire(const std::string& exporter, int rank, const IpcOffer& offer, LoadedProvider* target);
   // Registers a held import of host memory with `by`, the provider that copies into it.
   void pin(uint64_t id, LoadedProvider* by, std::size_t bytes);
   void release(uint64_t id);
