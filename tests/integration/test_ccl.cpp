@@ -19,6 +19,13 @@ std::map<std::string, std::string> failing_on_rank1(const std::string& ccl = "au
           {"HMC_TIMEOUT", "5s"}};
 }
 
+// Runs body on `ranks` ranks and requires every one to end well (within 60 s).
+void run(int ranks, const std::map<std::string, std::string>& s, const std::function<int(RankEnv&)>& body) {
+  auto exits = test::run_ranks(ranks, s, body, std::chrono::seconds(60));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 int sum_of_ranks(RankEnv& e, const CollOptions& opt) {
   int64_t v = e.rank + 1, out = 0;
   HMC_EXPECT_OK(all_reduce(e.comm, &v, &out, 1, DataType::kInt64, ReduceOp::kSum, opt).wait());
@@ -29,7 +36,7 @@ int sum_of_ranks(RankEnv& e, const CollOptions& opt) {
 }  // namespace
 
 TEST_CASE("a communicator whose ranks all can delegates, and a provider failure fails every rank", "[ccl]") {
-  auto exits = test::run_ranks(3, failing_on_rank1(), [](RankEnv& e) {
+  run(3, failing_on_rank1(), [](RankEnv& e) {
     std::vector<float> a(1000, 1.f);
     Status first = all_reduce(e.comm, a.data(), a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum).wait();
     HMC_EXPECT(!first.ok(), "rank " + std::to_string(e.rank) + ": the delegated all_reduce succeeded");
@@ -39,9 +46,7 @@ TEST_CASE("a communicator whose ranks all can delegates, and a provider failure 
     HMC_EXPECT(!again.ok() && again.code() != ErrorCode::kTimeout, again.to_string());
     e.comm.abort();
     return 0;
-  }, std::chrono::seconds(60));
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
+  });
 }
 
 // Rank 0's first delegable calls return at once and wait for the delegation to be decided,
@@ -50,7 +55,7 @@ TEST_CASE("abort() fails collectives that wait for delegation to be decided", "[
   auto s = failing_on_rank1();
   s.erase("HMC_FAKECCL_FAIL_RANK");
   s["HMC_TIMEOUT"] = "30s";
-  auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+  run(2, s, [](RankEnv& e) {
     if (e.rank == 1) {  // rank 0's abort ends this receive
       uint8_t none = 0;
       Status st = e.comm.recv(&none, 1, 0, 5);
@@ -74,9 +79,7 @@ TEST_CASE("abort() fails collectives that wait for delegation to be decided", "[
       HMC_EXPECT(st.code() == ErrorCode::kAborted, "after abort(): " + st.to_string());
     }
     return 0;
-  }, std::chrono::seconds(60));
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
+  });
 }
 
 // Delegation asked again: rank 1 passes emulated device memory (not the fake provider's
@@ -89,7 +92,7 @@ TEST_CASE("calls that wait for an exchange asked again run where the other ranks
   auto s = failing_on_rank1();
   s["HMC_PROVIDER_PATH"] = std::string(HMC_FAKECCL_DIR) + ":" + HMC_TEST_PROVIDERS_DIR;
   s["HMC_TIMEOUT"] = "20s";
-  auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+  run(2, s, [](RankEnv& e) {
     constexpr std::size_t kCount = 256, kBytes = kCount * sizeof(int32_t);
     std::vector<std::vector<int32_t>> in(4, std::vector<int32_t>(kCount)), out(4, std::vector<int32_t>(kCount, -1));
     std::vector<Memory> dev;
@@ -125,9 +128,7 @@ TEST_CASE("calls that wait for an exchange asked again run where the other ranks
     }
     e.comm.abort();
     return 0;
-  }, std::chrono::seconds(60));
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
+  });
 }
 
 // Collectives that are not delegated wait behind those that wait for the decision: the
@@ -138,7 +139,7 @@ TEST_CASE("calls that wait for an exchange asked again run where the other ranks
 TEST_CASE("collectives made while delegation is decided keep their order", "[ccl]") {
   std::map<std::string, std::string> s{{"HMC_PROVIDER_PATH", HMC_FAKECCL_DIR}, {"HMC_CCL", "auto"},
                                        {"HMC_FAKECCL_NO_ID", "1"}, {"HMC_TIMEOUT", "20s"}};
-  auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+  run(2, s, [](RankEnv& e) {
     constexpr std::size_t kCount = 64;
     std::vector<int64_t> a(kCount), b(kCount), sum_a(kCount, -1), sum_b(kCount, -1), all(2 * kCount, -1);
     for (std::size_t k = 0; k < kCount; ++k) {
@@ -163,9 +164,7 @@ TEST_CASE("collectives made while delegation is decided keep their order", "[ccl
       HMC_EXPECT(all[k] == static_cast<int64_t>(k) && all[kCount + k] == static_cast<int64_t>(k + 100), "all_gather");
     }
     return 0;
-  }, std::chrono::seconds(60));
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
+  });
 }
 
 TEST_CASE("HMC_CCL=off, a named algorithm and the argument check keep HMC's own schedules", "[ccl]") {
@@ -185,15 +184,13 @@ TEST_CASE("HMC_CCL=off, a named algorithm and the argument check keep HMC's own 
 }
 
 TEST_CASE("gather, scatter and barrier never go to the provider", "[ccl]") {
-  auto exits = test::run_ranks(3, failing_on_rank1(), [](RankEnv& e) {
+  run(3, failing_on_rank1(), [](RankEnv& e) {
     int32_t mine = e.rank, all[3] = {-1, -1, -1};
     HMC_EXPECT_OK(gather(e.comm, &mine, all, 1, DataType::kInt32, 0).wait());
     if (e.rank == 0) HMC_EXPECT(all[0] == 0 && all[1] == 1 && all[2] == 2, "gathered values");
     HMC_EXPECT_OK(e.comm.barrier());
     return 0;
   });
-  INFO(test::describe(exits));
-  REQUIRE(test::all_ok(exits));
 }
 
 TEST_CASE("a malformed HMC_CCL is refused clearly", "[ccl][errors]") {
