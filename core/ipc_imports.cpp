@@ -56,11 +56,11 @@ Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, int ran
   const uint64_t key = offer_key(offer);
   auto it = find(exporter, key);
   if (it != imports_.end() && (it->second.handle != offer.handle || it->second.provider != target)) {
-    // Another allocation under the same key: the old import goes once no copy holds it.
-    if (it->second.uses != 0)
+    // Another allocation under the same key: the old import goes once no copy holds it
+    // (and closing it cannot wait on a flag: close_idle).
+    const Import* stale = &it->second;
+    if (!close_idle([stale](const Import& imp) { return &imp == stale; }))
       return Status(ErrorCode::kUnsupported, "two IPC handles of " + who() + " share an import key");
-    close(it->second);
-    imports_.erase(it);
     it = imports_.end();
   }
   if (it == imports_.end()) {
