@@ -285,11 +285,11 @@ Result<Communicator> on_context(RankEnv& e, Context& ctx) {
     auto id = ctx.create_unique_id();
     if (!id) return id.status();
     text = id->to_string();
-    text.resize(128, '\0');
+    text.resize(256, '\0');
     for (int r = 1; r < e.size; ++r)
       if (Status s = e.comm.send(text.data(), text.size(), r, 11); !s.ok()) return s;
   } else {
-    text.resize(128);
+    text.resize(256);
     if (Status s = e.comm.recv(text.data(), text.size(), 0, 11); !s.ok()) return s;
   }
   auto id = UniqueId::parse(text.c_str());
