@@ -143,7 +143,7 @@ class CclLink : public core::Progressable {
   State decide();
   // Runs the deferred calls in the order they were made, then sets the state to `decided`.
   void dispatch(State decided);
-  // Ends the proxies of dispatched calls whose own request ended; whether one did.
+  // Ends the proxies of dispatched calls whose own request ended; whether one did. mu_ held.
   bool forward();
   void watch();  // on the engine's list from now on; mu_ held
   bool usable(const void* p, std::size_t bytes) const;
@@ -397,8 +397,6 @@ void CclLink::dispatch(State decided) {
 }
 
 bool CclLink::forward() {
-  std::unique_lock lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || forwards_.empty()) return false;
   bool any = false;
   for (std::size_t i = 0; i < forwards_.size();) {
     Forward& f = forwards_[i];
@@ -562,9 +560,10 @@ void CclLink::fail_link(const Status& why) {
 
 bool CclLink::progress() {
   bool any = state_.load() == State::kDeciding && conclude();
-  any = forward() || any;
   std::unique_lock lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || pending_.empty()) return any;
+  if (!lock.owns_lock()) return any;
+  any = forward() || any;
+  if (pending_.empty()) return any;
   for (std::size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
     const int q = dev_->dev->event_query(dev_->state, p.event);
