@@ -74,23 +74,36 @@ void* MemoryRegion::data() const { return reg_ ? reg_->data() : nullptr; }
 std::size_t MemoryRegion::size() const { return reg_ ? reg_->size() : 0; }
 RemoteKey MemoryRegion::pack() const { return reg_ ? RemoteKey{reg_->pack()} : RemoteKey{}; }
 
+namespace {
+
+std::chrono::milliseconds default_timeout(const core::Operation& op) {
+  auto* engine = op.engine();
+  return engine ? engine->default_timeout : std::chrono::milliseconds(0);
+}
+
+// Request::wait against a deadline; `timeout` only names it in the error.
+Status wait_op(core::Operation& op, Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  if (op.done()) return op.status();
+  auto* engine = op.engine();
+  // The context is gone: its providers (which a pass would poll) with it.
+  if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
+  if (!engine->wait_until([&] { return op.done(); }, deadline)) {
+    if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
+    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
+  }
+  return op.status();
+}
+
+}  // namespace
+
 Status Request::wait() {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  auto* engine = op_->engine();
-  return wait(engine ? engine->default_timeout : std::chrono::milliseconds(0));
+  return wait(default_timeout(*op_));
 }
 
 Status Request::wait(std::chrono::milliseconds timeout) {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  if (op_->done()) return op_->status();
-  auto* engine = op_->engine();
-  // The context is gone: its providers (which a pass would poll) with it.
-  if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
-  if (!engine->wait_until([&] { return op_->done(); }, core::deadline_after(timeout))) {
-    if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
-    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
-  }
-  return op_->status();
+  return wait_op(*op_, core::deadline_after(timeout), timeout);
 }
 
 bool Request::test() {
@@ -104,13 +117,28 @@ const std::shared_ptr<core::Operation>& core::op_of(const Request& r) { return r
 Status Request::status() const { return op_ ? op_->status() : Status{}; }
 std::size_t Request::bytes() const { return op_ ? op_->bytes() : 0; }
 
-Status wait_all(Request* requests, std::size_t n) {
+// One deadline for all, counted from the call: each request's own HMC_TIMEOUT, or
+// `timeout`. Past it, the rest are only looked at.
+static Status wait_all(Request* requests, std::size_t n, const std::chrono::milliseconds* timeout) {
+  const auto start = Clock::now();
   Status first;
   for (std::size_t i = 0; i < n; ++i) {
-    Status s = requests[i].wait();
+    const auto& op = core::op_of(requests[i]);
+    Status s;
+    if (!op) {
+      s = Status(ErrorCode::kInvalidArgument, "wait on an empty request");
+    } else {
+      const auto t = timeout ? *timeout : default_timeout(*op);
+      s = wait_op(*op, core::deadline_after(t, start), t);
+    }
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
+}
+
+Status wait_all(Request* requests, std::size_t n) { return wait_all(requests, n, nullptr); }
+Status wait_all(Request* requests, std::size_t n, std::chrono::milliseconds timeout) {
+  return wait_all(requests, n, &timeout);
 }
 
 std::string UniqueId::to_string() const {

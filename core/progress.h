@@ -140,8 +140,7 @@ class ProgressEngine {
 // common way to say "forever") waits without end instead of overflowing into the past and
 // timing out at once. A negative one has passed already.
 template <class Rep, class Period>
-Clock::time_point deadline_after(std::chrono::duration<Rep, Period> d) {
-  const auto now = Clock::now();
+Clock::time_point deadline_after(std::chrono::duration<Rep, Period> d, Clock::time_point now = Clock::now()) {
   if (d <= d.zero()) return now;
   const auto room = std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(Clock::time_point::max() - now);
   if (d >= room) return Clock::time_point::max();

@@ -47,8 +47,10 @@ class Request {
   std::shared_ptr<core::Operation> op_;
 };
 
-// Waits for all, returns the first failure (all are waited for anyway). Each wait
-// has its own HMC_TIMEOUT, so n stuck requests take up to n times that.
+// Waits for all, returns the first failure (all are waited for anyway). The deadline
+// counts from the call: each request's HMC_TIMEOUT, or `timeout` for all; once it has
+// passed, the requests left are looked at once and kTimeout stands for any unfinished.
 Status wait_all(Request* requests, std::size_t n);
+Status wait_all(Request* requests, std::size_t n, std::chrono::milliseconds timeout);
 
 }  // namespace hmc

@@ -98,6 +98,40 @@ TEST_CASE("a blocking receive that times out unmatched is withdrawn", "[errors][
   REQUIRE(test::all_ok(exits));
 }
 
+TEST_CASE("wait_all gives all its requests one deadline", "[errors][p2p]") {
+  auto settings = fast();
+  settings["HMC_TIMEOUT"] = "1s";
+  auto exits = test::run_ranks(2, settings, [](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    int64_t value = 7, got = 0;
+    std::vector<int64_t> never(4);
+    // One request that ends and four that cannot (nothing is sent on tags 10-13).
+    std::vector<Request> reqs;
+    reqs.push_back(e.rank == 0 ? e.comm.isend(&value, sizeof(value), peer, 9) : e.comm.irecv(&got, sizeof(got), peer, 9));
+    for (int i = 0; i < 4; ++i) reqs.push_back(e.comm.irecv(&never[i], sizeof(int64_t), peer, 10 + i));
+    auto t0 = Clock::now();
+    Status s = wait_all(reqs.data(), reqs.size());  // HMC_TIMEOUT: 1 s for all, not 1 s each
+    auto took = Clock::now() - t0;
+    HMC_EXPECT(s.code() == ErrorCode::kTimeout, s.to_string());
+    HMC_EXPECT(took >= std::chrono::milliseconds(900) && took < std::chrono::milliseconds(2500),
+               "the default deadline took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms");
+    HMC_EXPECT(reqs[0].test() && reqs[0].status().ok(), "the request that ended: " + reqs[0].status().to_string());
+    HMC_EXPECT(e.rank == 0 || got == 7, "received " + std::to_string(got));
+    t0 = Clock::now();
+    s = wait_all(reqs.data(), reqs.size(), std::chrono::milliseconds(300));
+    took = Clock::now() - t0;
+    HMC_EXPECT(s.code() == ErrorCode::kTimeout, s.to_string());
+    HMC_EXPECT(took < std::chrono::milliseconds(1000),
+               "300 ms for all took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms");
+    for (std::size_t i = 1; i < reqs.size(); ++i) HMC_EXPECT(!reqs[i].test(), "request " + std::to_string(i) + " ended");
+    Request empty;
+    HMC_EXPECT(wait_all(&empty, 1).code() == ErrorCode::kInvalidArgument, "empty request");
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 TEST_CASE("abort during finalize leaves the communicator aborted", "[errors]") {
   auto exits = test::run_ranks(2, fast(), [](RankEnv& e) {
     if (e.rank == 0) {
