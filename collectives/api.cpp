@@ -341,7 +341,8 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
   }
   c.to_peer.assign(send_counts.begin(), send_counts.end());
   c.from_peer.assign(recv_counts.begin(), recv_counts.end());
-  return c.run([=, &send_counts, &send_displs, &recv_counts, &recv_displs](Plan& p, Algo a) -> Status {
+  // By value: the call may run later, from the delegation's queue, after the caller's vectors are gone.
+  return c.run([=](Plan& p, Algo a) -> Status {
     return coll::all_to_all_v(p, send, send_counts, send_displs, recv, recv_counts, recv_displs,
                               a == Algo::kPairwise ? 1 : p.size - 1);
   });

@@ -135,7 +135,8 @@ TEST_CASE("calls that wait for an exchange asked again run where the other ranks
 // shared segments number collectives as they start, so a barrier that overtook rank 0's
 // waiting calls would meet rank 1's all_reduce. Rank 0 starts all four calls before rank
 // 1 starts any; rank 1 waits for its first before it starts the rest, when delegation is
-// decided (off: the fake gives no communicator id) and nothing waits any more.
+// decided (off: the fake gives no communicator id) and nothing waits any more. The last,
+// all_to_all_v, gets vectors its caller changes before the call runs.
 TEST_CASE("collectives made while delegation is decided keep their order", "[ccl]") {
   std::map<std::string, std::string> s{{"HMC_PROVIDER_PATH", HMC_FAKECCL_DIR}, {"HMC_CCL", "auto"},
                                        {"HMC_FAKECCL_NO_ID", "1"}, {"HMC_TIMEOUT", "20s"}};
@@ -157,7 +158,18 @@ TEST_CASE("collectives made while delegation is decided keep their order", "[ccl
     r.push_back(all_gather(e.comm, a.data(), all.data(), kCount, DataType::kInt64));
     r.push_back(barrier(e.comm));
     r.push_back(all_reduce(e.comm, b.data(), sum_b.data(), kCount, DataType::kInt64, ReduceOp::kSum));
+    // all_to_all_v's vectors are the caller's to change once it returned, waiting or not.
+    std::vector<std::size_t> counts{kCount, kCount}, displs{0, kCount};
+    std::vector<int64_t> blocks(2 * kCount), swapped(2 * kCount, -1);
+    for (std::size_t k = 0; k < 2 * kCount; ++k) blocks[k] = static_cast<int64_t>(1000 * e.rank + k);
+    r.push_back(all_to_all_v(e.comm, blocks.data(), counts, displs, swapped.data(), counts, displs, DataType::kInt64));
+    displs = {kCount, 0};
+    counts = {0, 0};
     HMC_EXPECT_OK(wait_all(r.data(), r.size()));
+    for (std::size_t k = 0; k < 2 * kCount; ++k) {  // from rank k / kCount: its block for this rank
+      const std::size_t from = k / kCount, at = e.rank * kCount + k % kCount;
+      HMC_EXPECT(swapped[k] == static_cast<int64_t>(1000 * from + at), "all_to_all_v at " + std::to_string(k));
+    }
     for (std::size_t k = 0; k < kCount; ++k) {
       HMC_EXPECT(sum_a[k] == static_cast<int64_t>(2 * k + 100), "first all_reduce at " + std::to_string(k));
       HMC_EXPECT(sum_b[k] == static_cast<int64_t>(6 * k + 1000), "second all_reduce at " + std::to_string(k));
