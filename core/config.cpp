@@ -62,7 +62,8 @@ Status validate(const ParamDef& def, const std::string& value) {
   }
   if (good) return {};
   return {ErrorCode::kInvalidArgument,
-          "malformed " + def.name + "='" + value + "': expected a " + type_name(def.type)};
+          "malformed " + def.name + "='" + value + "': expected " + (def.type == ParamType::kInt ? "an " : "a ") +
+              type_name(def.type)};
 }
 
 }  // namespace
@@ -126,8 +127,8 @@ std::optional<bool> parse_bool(const std::string& text) {
 const std::vector<ParamDef>& Config::core_params() {
   static const std::vector<ParamDef> kParams = {
       {"HMC_LOG_LEVEL", ParamType::kString, "warn", "log level: trace, debug, info, warn, error, off"},
-      {"HMC_TIMEOUT", ParamType::kDuration, "60s", "deadline of every blocking call (e.g. 500ms, 30s, 2m)"},
-      {"HMC_PROVIDERS", ParamType::kList, "", "providers to use: 'a,b' keeps only those, '^c' excludes c"},
+      {"HMC_TIMEOUT", ParamType::kDuration, "60s", "deadline of every blocking call (e.g. 500ms, 30s, 2m); wait_all counts one for all its requests"},
+      {"HMC_PROVIDERS", ParamType::kList, "", "providers to use: 'a,b' keeps only those, '^c' excludes c; every name must be a provider found (else Context::create fails)"},
       {"HMC_PROVIDER_PATH", ParamType::kString, "", "colon-separated folders searched for provider plugins before the one next to libhmc"},
       {"HMC_PATH", ParamType::kString, "", "force a net provider: 'tcp' for every pair, or per pair class 'same_host=shm,remote=tcp'"},
       {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put. Unset, a pair's limit may be lower where its net provider advises it (shm: 16K; ucx over shared memory: 32K); set, it holds for every pair (set alike on every rank)"},

@@ -203,18 +203,26 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
   }
   if (seen.insert("device/cpu").second) found.push_back({"device", "cpu", ""});
 
-  // Selection.
+  // Selection. Every name given, kept or excluded, must be a provider found here: a typo
+  // in an exclusion would otherwise keep the provider it meant to drop.
+  const std::string selection = config.str("HMC_PROVIDERS");
   std::set<std::string> wanted, excluded;
-  for (auto& item : split(config.str("HMC_PROVIDERS"), ',')) {
-    if (item[0] == '^') excluded.insert(item.substr(1));
-    else wanted.insert(item);
+  for (auto& item : split(selection, ',')) {
+    const bool exclude = item[0] == '^';
+    std::string name = exclude ? item.substr(1) : item;
+    if (name.empty()) return Status(ErrorCode::kInvalidArgument, "HMC_PROVIDERS=" + selection + ": '^' without a name");
+    (exclude ? excluded : wanted).insert(std::move(name));
   }
-  for (const auto& w : wanted) {
-    bool exists = std::any_of(found.begin(), found.end(), [&](const Candidate& c) { return c.name == w; });
-    if (!exists) {
+  if (!selection.empty() && wanted.empty() && excluded.empty())
+    return Status(ErrorCode::kInvalidArgument, "HMC_PROVIDERS=" + selection + " names no provider");
+  for (const auto* names : {&wanted, &excluded}) {
+    for (const auto& w : *names) {
+      bool exists = std::any_of(found.begin(), found.end(), [&](const Candidate& c) { return c.name == w; });
+      if (exists) continue;
       std::string dirs;
       for (auto& d : reg->search_path_) dirs += (dirs.empty() ? "" : ", ") + d;
-      return Status(ErrorCode::kNotFound, "HMC_PROVIDERS names '" + w + "' but no provider of that name was found (searched: " + dirs + ")");
+      return Status(ErrorCode::kNotFound, "HMC_PROVIDERS " + std::string(names == &wanted ? "names" : "excludes") + " '" +
+                                              w + "' but no provider of that name was found (searched: " + dirs + ")");
     }
   }
   for (const auto& c : found) {
@@ -223,7 +231,7 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
     if (c.kind == "device" && c.name == "cpu" && !excluded.count("cpu")) selected = true;
     if (!selected) {
       reg->report_.push_back({c.name, c.kind, c.path.empty() ? "built-in" : c.path, 0, 0, {}, false,
-                              "not selected (HMC_PROVIDERS=" + config.str("HMC_PROVIDERS") + ")"});
+                              "not selected (HMC_PROVIDERS=" + selection + ")"});
       continue;
     }
     HMC_RETURN_IF_ERROR(reg->load_one(c, config, engine));

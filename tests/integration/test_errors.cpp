@@ -376,6 +376,16 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
   auto unknown = Context::create({{{"HMC_PROVIDERS", "cpu,warpdrive"}}});
   REQUIRE(unknown.status().code() == ErrorCode::kNotFound);
   REQUIRE(unknown.status().message().find("warpdrive") != std::string::npos);
+  // A typo in an exclusion would keep the provider it meant to drop.
+  auto typo = Context::create({{{"HMC_PROVIDERS", "^tpc"}}});
+  REQUIRE(typo.status().code() == ErrorCode::kNotFound);
+  REQUIRE(typo.status().message().find("excludes 'tpc'") != std::string::npos);
+  for (const char* empty : {"^", ",", "cpu,^"}) {
+    INFO(empty);
+    REQUIRE(Context::create({{{"HMC_PROVIDERS", empty}}}).status().code() == ErrorCode::kInvalidArgument);
+  }
+  auto excluded = Context::create({{{"HMC_PROVIDERS", "^tcp"}}});
+  REQUIRE(excluded.ok());
   auto bad_path = Context::create({{{"HMC_LOG_LEVEL", "loud"}}});
   REQUIRE(bad_path.status().code() == ErrorCode::kInvalidArgument);
   auto ctx = Context::create();
