@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 namespace hmc::cpu {
@@ -70,6 +71,15 @@ void memfd_name(uint64_t id, char* out, size_t len) {
   std::snprintf(out, len, "hmc-cpu-%llu", static_cast<unsigned long long>(id));
 }
 
+// RAM and swap together: the most a block could ever be backed by. Shareable memory needs
+// this check: the kernel's overcommit check counts private mappings only, so a memfd of
+// any size maps, and touching it brings the OOM killer instead of an error.
+unsigned long long machine_memory() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return ~0ull;
+  return (static_cast<unsigned long long>(info.totalram) + info.totalswap) * info.mem_unit;
+}
+
 int map_shareable(size_t length, Block* block, void** ptr) {
   block->id = next_memfd_id();
   char name[64];
@@ -117,6 +127,10 @@ int mem_alloc(void* state, int device, size_t bytes, int alloc_kind, void** ptr)
   block.kind = alloc_kind;
   if (!page_round(bytes, &block.length)) {
     return fail(HMC_PROV_ERR_NO_MEMORY, "mem_alloc: %zu bytes is more than can be mapped", bytes);
+  }
+  if (const auto most = machine_memory(); block.length > most) {
+    return fail(HMC_PROV_ERR_NO_MEMORY, "mem_alloc: %zu bytes is more than this machine's memory and swap (%llu bytes)",
+                bytes, most);
   }
   void* p = nullptr;
   switch (alloc_kind) {

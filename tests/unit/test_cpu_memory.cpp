@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -153,4 +154,22 @@ TEST_CASE("shareable memory lies in a memfd sealed against shrinking and growing
   closedir(dir);
   CHECK(found >= 1);
   CHECK(all_equal(*mem, 7));  // the attempts changed nothing
+}
+
+// The kernel's overcommit check lets a memfd of any size map; without a check of its own
+// the provider handed out a block that the OOM killer ended when it was touched.
+TEST_CASE("a block larger than the machine's memory and swap is refused, of every kind", "[memory]") {
+  struct sysinfo info {};
+  REQUIRE(sysinfo(&info) == 0);
+  const std::size_t most = (std::size_t{info.totalram} + info.totalswap) * info.mem_unit;
+  auto ctx = Context::create();
+  REQUIRE(ctx.ok());
+  for (auto kind : {AllocKind::kShareable, AllocKind::kDefault, AllocKind::kPinnedHost}) {
+    auto mem = ctx->alloc({"cpu", 0}, most + (std::size_t{1} << 30), kind);
+    INFO(static_cast<int>(kind));
+    REQUIRE(mem.status().code() == ErrorCode::kNoMemory);
+    CHECK(mem.status().message().find("memory and swap") != std::string::npos);
+  }
+  auto fits = ctx->alloc({"cpu", 0}, 1 << 20, AllocKind::kShareable);
+  REQUIRE(fits.ok());
 }
