@@ -4,7 +4,8 @@
  * Capabilities: MSG, PUT, SAME_HOST, MEM_HOST, SINGLE_COPY (host memory only).
  * Control and messages go over a Unix stream socket bound to a filesystem path
  * in HMC_SHM_DIR, so peers in other network namespaces (same filesystem) can
- * connect; the path is unlinked by close_listener and fini.
+ * connect; the path is unlinked by close_listener and fini, and the first
+ * provider of a process unlinks those that killed processes left (stale_sockets.h).
  * Puts are single copy: the initiator reads the target region's descriptor
  * (key, address, length, shared file) out of the target with
  * process_vm_readv, checks the key and bounds, and copies in queue order (on
@@ -55,6 +56,7 @@
 #include <random>
 
 #include "common/stream_ops.h"
+#include "stale_sockets.h"
 #include "hmc/provider/net.h"
 #include "shm/shared_file.h"
 
@@ -118,6 +120,8 @@ class ShmProvider final : public hmc_net::StreamProvider {
       why = "HMC_SHM_DIR: '" + dir_ + "' is too long for a Unix socket path";
       return HMC_PROV_ERR_INVALID;
     }
+    if (int stale = sweep_stale_sockets(dir_); stale > 0)
+      host().log(HMC_LOG_DEBUG, "unlinked " + std::to_string(stale) + " socket file(s) of processes gone from " + dir_);
     if (cma_ && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
       host().log(HMC_LOG_DEBUG, std::string("prctl(PR_SET_PTRACER) failed: ") + strerror(errno));
     }

@@ -1,0 +1,80 @@
+// shm's listening sockets left behind by killed processes: the first shm provider of a
+// process unlinks those nobody owns, and only those (net-providers/shm/stale_sockets.h).
+#include <catch2/catch.hpp>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "hmc/context.h"
+
+using namespace hmc;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A socket bound at `path`; listening or not. Returns its fd (closed by the caller).
+int bind_at(const std::string& path, bool listening) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(fd >= 0);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  if (listening) REQUIRE(::listen(fd, 4) == 0);
+  return fd;
+}
+
+// The pid of a process that has exited and been reaped.
+pid_t gone_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  REQUIRE(pid > 0);
+  REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+  return pid;
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char templ[] = "/tmp/hmc-sweep-XXXXXX";
+    REQUIRE(::mkdtemp(templ) != nullptr);
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shm unlinks the socket files of processes gone, and nothing else", "[shm][config]") {
+  TempDir dir;
+  const pid_t gone = gone_pid();
+  const std::string prefix = dir.path + "/hmc-shm-";
+  const std::string stale = prefix + std::to_string(gone) + "-1-00000000deadbeef.sock";
+  const std::string listened = prefix + std::to_string(gone) + "-2-00000000deadbeef.sock";  // a pid from another namespace
+  const std::string mine = prefix + std::to_string(::getpid()) + "-99-00000000deadbeef.sock";
+  const std::string plain = prefix + std::to_string(gone) + "-3-00000000deadbeef.sock";
+  const std::string other = dir.path + "/other.sock";
+  ::close(bind_at(stale, false));
+  const int listener = bind_at(listened, true);
+  ::close(bind_at(mine, false));
+  ::close(bind_at(other, false));
+  std::ofstream(plain) << "not a socket";
+
+  auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,shm"}, {"HMC_SHM_DIR", dir.path}}});
+  ::close(listener);
+  REQUIRE(ctx.ok());
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(listened));
+  CHECK(fs::exists(mine));
+  CHECK(fs::exists(plain));
+  CHECK(fs::exists(other));
+}
