@@ -6,6 +6,9 @@
 #     buffers (--memory malloc) the heap cannot give (an error, not std::bad_alloc)
 #   - --timeout 0 or negative, --local 1 (a path matrix needs a pair)
 #   - a --device rank list naming a rank the job does not have (--local and one rank)
+#   - measuring options without --local, `config` with --local
+#   - shareable buffers larger than the machine's memory and swap (an error, not the OOM killer)
+# SIGTERM to a tool with --local kills its ranks before it ends.
 # And two that must run rather than print nonsense:
 #   - --lat-iters INT_MAX with a warm-up: the round trips really run (the deadline ends
 #     them), not a count overflowed to nothing timed in 0.00 us
@@ -67,6 +70,15 @@ refused "-b: bad size 'nan'" "$bench" all_reduce -b nan -e 8 --local 2
 refused "-e: bad size 'inf'" "$bench" all_reduce -b 8 -e inf --local 2
 refused "-b: bad size '-8'" "$bench" all_reduce -b -8 -e 8 --local 2
 
+# 2^60 bytes of shareable memory: no machine has them, yet a memfd of that size maps.
+refused "more than this machine's memory and swap" "$probe" --local 2 -m shareable -b 1048576T "${small[@]}"
+refused "more than this machine's memory and swap" "$bench" all_reduce -m shareable -b 8 -e 1048576T -f 1048576 -n 1 -w 0 --local 2
+
+# Options that would be ignored.
+refused "-b measures the pairs that --local N starts" "$probe" -b 4M
+refused "--put measures the pairs that --local N starts" "$probe" --put
+refused "config prints this machine's table; it does not go with --local" "$probe" --local 2 config
+
 # Counts.
 refused "--timeout: Value -5 not in range" "$probe" --local 2 --timeout -5 -b 1K -n 1 --lat-iters 10
 refused "--timeout: Value 0 not in range" "$probe" --local 2 --timeout 0 -b 1K -n 1 --lat-iters 10
@@ -99,4 +111,22 @@ else
   echo "FAILED: memcpy reference at 1 B (exit $rc, want 0 and a figure above zero)"; cat "$out"; fail=1
 fi
 leftovers "-b 1 -n 25600"
+# SIGTERM while the ranks run: they are killed, and the tool ends with 128 + 15.
+"$probe" --local 2 -b 64K -n 2 --lat-iters 2147483647 --lat-warmup 10 --timeout 50 > "$out" 2>&1 &
+tool=$!
+for _ in $(seq 300); do
+  [ "$(pgrep -cf -- "^$scratch/hmc-probe --rank-worker")" -ge 2 ] && break
+  sleep 0.1
+done
+kill -TERM "$tool"
+for _ in $(seq 100); do kill -0 "$tool" 2>/dev/null || break; sleep 0.1; done
+kill -KILL "$tool" 2>/dev/null
+wait "$tool"
+rc=$?
+if [ "$rc" -eq 143 ] && grep -q "Terminated; killing 2 rank(s)" "$out"; then
+  echo "ok: SIGTERM kills the ranks first"
+else
+  echo "FAILED: SIGTERM (exit $rc, want 143 and the ranks killed)"; cat "$out"; fail=1
+fi
+leftovers "SIGTERM"
 exit $fail

@@ -83,7 +83,7 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   app.add_option("-d,--datatype", dtypes, "int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or all")
       ->delimiter(',')->capture_default_str();
   app.add_option("-o,--op", ops, "sum prod min max avg, or all (reducing collectives)")->delimiter(',')->capture_default_str();
-  app.add_option("-r,--root", o.root, "root rank of broadcast, reduce, gather, scatter")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("-r,--root", o.root, "root rank of broadcast, reduce, gather, scatter")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   app.add_option("-a,--average", aggregate, "time over ranks: 0 rank 0, 1 avg, 2 min, 3 max")->check(CLI::Range(0, 3))->capture_default_str();
   app.add_option("-g,--device", o.device,
                  "buffers on provider[:index][@ranks]: cuda = each rank on a GPU (local rank % GPUs), cuda:1 = GPU 1, "

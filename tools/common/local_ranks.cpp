@@ -1,17 +1,19 @@
 // --local N: this process hosts the bootstrap root and runs N copies of itself as ranks
 // (HMC_ROOT=<unique id>, HMC_RANK, HMC_WORLD_SIZE), then reaps them. A rank that fails
-// gives the others a grace period before they are killed; nothing outlives the deadline.
+// gives the others a grace period before they are killed; nothing outlives the deadline,
+// nor this process: SIGINT, SIGTERM and SIGHUP kill the ranks before it ends.
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
-#include <thread>
 
 #include "local_ranks.h"
 
@@ -49,11 +51,12 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// This program's path, so that ps shows the ranks by name (they are started from /proc/self/exe).
+// This program's path: ranks started from it carry its name (ps, pgrep -x, the kernel's
+// log). /proc/self/exe, which still works when the file was replaced since, is the fallback.
 std::string self_path() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, n) : "hmc-rank";
+  return n > 0 ? std::string(buf, n) : "/proc/self/exe";
 }
 
 void kill_all(std::vector<pid_t>& pids) {
@@ -63,55 +66,106 @@ void kill_all(std::vector<pid_t>& pids) {
     if (p > 0) waitpid(p, nullptr, 0), p = -1;
 }
 
-}  // namespace
+// The signals that end this process while it waits for its ranks: blocked here and taken
+// with sigtimedwait, so that they kill the ranks first; the ranks start with none blocked.
+sigset_t ending_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
 
-int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s) {
+pid_t spawn(const std::string& path, char** argv, char** envp) {
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = 0;
+  int err = posix_spawn(&pid, path.c_str(), nullptr, &attr, argv, envp);
+  if (err == ENOENT || err == EACCES) err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv, envp);
+  posix_spawnattr_destroy(&attr);
+  if (err != 0) errno = err;
+  return err == 0 ? pid : -1;
+}
+
+// Waits for the ranks. Returns the first failing rank's exit code (128 + signal for one
+// killed), 124 after timeout_s, or 128 + the signal that ended this process's wait.
+int reap(const char* tool, std::vector<pid_t>& pids, int timeout_s, const sigset_t& ending) {
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  int worst = 0;
+  std::size_t left = pids.size();
+  while (left > 0) {
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      int st = 0;
+      if (pids[r] <= 0 || waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
+      if (WIFSIGNALED(st))
+        std::fprintf(stderr, "%s: rank %zu was killed by signal %d (%s)\n", tool, r, WTERMSIG(st), strsignal(WTERMSIG(st)));
+      const int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (code && !worst) {
+        worst = code;
+        deadline = std::min(deadline, Clock::now() + kGraceAfterFailure);
+      }
+      pids[r] = -1;
+      --left;
+    }
+    if (left == 0) break;
+    if (Clock::now() > deadline) {
+      std::fprintf(stderr, "%s: %zu rank(s) still running %s; killing them\n", tool, left,
+                   worst ? "after another rank failed" : ("after " + std::to_string(timeout_s) + " s").c_str());
+      kill_all(pids);
+      return worst ? worst : 124;
+    }
+    const timespec tick{0, 10'000'000};
+    if (const int sig = sigtimedwait(&ending, nullptr, &tick); sig > 0) {
+      std::fprintf(stderr, "%s: %s; killing %zu rank(s)\n", tool, strsignal(sig), left);
+      kill_all(pids);
+      return 128 + sig;
+    }
+  }
+  return worst;
+}
+
+// Starts the ranks and waits for them (reap).
+int start_and_reap(const char* tool, int n, const std::vector<std::string>& args, int timeout_s, const sigset_t& ending) {
   auto ctx = Context::create();
   if (!ctx) return std::fprintf(stderr, "%s: %s\n", tool, ctx.status().to_string().c_str()), 1;
   auto id = ctx->create_unique_id();
   if (!id) return std::fprintf(stderr, "%s: %s\n", tool, id.status().to_string().c_str()), 1;
 
   std::vector<pid_t> pids;
+  const std::string path = self_path();
   for (int r = 0; r < n; ++r) {
     auto env = rank_env(r, n, id->to_string());
-    std::vector<std::string> argv_store = {self_path()};
+    std::vector<std::string> argv_store = {path};
     argv_store.insert(argv_store.end(), args.begin(), args.end());
     auto envp = pointers(env);
     auto argv = pointers(argv_store);
-    pid_t pid = 0;
-    if (int err = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()); err != 0) {
-      std::fprintf(stderr, "%s: cannot start rank %d: %s\n", tool, r, std::strerror(err));
+    const pid_t pid = spawn(path, argv.data(), envp.data());
+    if (pid < 0) {
+      std::fprintf(stderr, "%s: cannot start rank %d: %s\n", tool, r, std::strerror(errno));
       kill_all(pids);
       return 1;
     }
     pids.push_back(pid);
   }
+  return reap(tool, pids, timeout_s, ending);
+}
 
-  using Clock = std::chrono::steady_clock;
-  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
-  int worst = 0, left = n;
-  while (left > 0) {
-    for (pid_t& p : pids) {
-      int st = 0;
-      if (p <= 0 || waitpid(p, &st, WNOHANG) != p) continue;
-      int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      if (code && !worst) {
-        worst = code;
-        deadline = std::min(deadline, Clock::now() + kGraceAfterFailure);
-      }
-      p = -1;
-      --left;
-    }
-    if (left == 0) break;
-    if (Clock::now() > deadline) {
-      std::fprintf(stderr, "%s: %d rank(s) still running %s; killing them\n", tool, left,
-                   worst ? "after another rank failed" : ("after " + std::to_string(timeout_s) + " s").c_str());
-      kill_all(pids);
-      return worst ? worst : 124;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+}  // namespace
+
+int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s) {
+  // Blocked before the context starts its threads, which inherit the mask: a signal
+  // delivered to one of them would end this process with the ranks left running.
+  const sigset_t ending = ending_signals();
+  sigset_t before;
+  pthread_sigmask(SIG_BLOCK, &ending, &before);
+  const int worst = start_and_reap(tool, n, args, timeout_s, ending);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
   return worst;
 }
 
 }  // namespace hmc::tools
+

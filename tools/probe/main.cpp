@@ -55,12 +55,13 @@ int main(int argc, char** argv) {
   app.add_option("--local", local, "start N ranks on this machine and print the path matrix (N >= 2: a matrix of pairs)")
       ->check(CLI::Range(2, 64));
   app.add_flag("--json", json, "print JSON");
-  app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)");
-  app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::PositiveNumber);
-  app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")->check(CLI::PositiveNumber);
+  app.add_option("-b,--bytes", size_text, "message size for the bandwidth figure (e.g. 4M, 64M)")->capture_default_str();
+  app.add_option("-n,--iters", opt.iters, "bandwidth iterations per pair")->check(CLI::Range(1, std::numeric_limits<int>::max()))->capture_default_str();
+  app.add_option("--lat-iters", opt.lat_iters, "latency round trips per pair")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()))->capture_default_str();
   app.add_option("--lat-warmup", opt.lat_warmup,
                  "untimed latency round trips per pair before the timed ones (ucx_perftest's -w: 10000)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
   app.add_flag("--lat-poll", opt.lat_poll,
                "latency with Request::test polled back to back (as ucx_perftest polls) instead of Request::wait, "
                "which yields the CPU between polls");
@@ -86,6 +87,19 @@ int main(int argc, char** argv) {
   app.add_flag("--rank-worker", rank_worker, "internal: run as one rank from the environment")->group("");
   auto* config_cmd = app.add_subcommand("config", "print the configuration table");
   CLI11_PARSE(app, argc, argv);
+  // The measuring options measure the pairs that --local starts: alone they would be ignored.
+  if (!rank_worker && local == 0) {
+    for (const char* name : {"-b", "-n", "--lat-iters", "--lat-warmup", "--lat-poll", "--timeout", "-g", "-m", "--put",
+                             "--notify", "--rotate"}) {
+      if (app.count(name) == 0) continue;
+      std::fprintf(stderr, "hmc-probe: %s measures the pairs that --local N starts; add --local\n", name);
+      return 2;
+    }
+  }
+  if (*config_cmd && local > 0) {
+    std::fprintf(stderr, "hmc-probe: config prints this machine's table; it does not go with --local\n");
+    return 2;
+  }
   auto bytes = core::parse_size(size_text);
   if (!bytes || *bytes == 0) {
     std::fprintf(stderr, "hmc-probe: bad size '%s' (use e.g. 64K, 4M)\n", size_text.c_str());
@@ -132,11 +146,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (json) {
-    nlohmann::json j = {{"providers", probe::providers_json(ctx.value())}};
+    nlohmann::json j;  // `config`: the configuration table only
+    if (!*config_cmd) j["providers"] = probe::providers_json(ctx.value());
     j["config"] = nlohmann::json::array();
     for (const auto& e : ctx->config())
       j["config"].push_back({{"name", e.name}, {"type", e.type}, {"default", e.default_value}, {"value", e.value},
                              {"source", e.source}, {"help", e.help}});
+    if (*config_cmd) return std::cout << j.dump(2) << "\n", 0;
     j["devices"] = nlohmann::json::array();
     for (const auto& d : ctx->devices())
       j["devices"].push_back({{"id", d.id.to_string()}, {"vendor", d.vendor}, {"model", d.model},
