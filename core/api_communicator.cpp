@@ -1,6 +1,8 @@
 // The public Communicator: argument checks, then CommImpl.
 #include <cstring>
+#include <limits>
 
+#include "core/bootstrap.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "hmc/communicator.h"
@@ -65,27 +67,31 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
   if (rank_s.empty() || size_s.empty())
     return Status(ErrorCode::kInvalidArgument, "from_env needs a rank and a size: set HMC_RANK/HMC_WORLD_SIZE "
                                                "(or run under torchrun or mpirun)");
-  char* end = nullptr;
-  long rank = std::strtol(rank_s.c_str(), &end, 10);
-  if (*end) return Status(ErrorCode::kInvalidArgument, "rank '" + rank_s + "' is not a number");
-  long size = std::strtol(size_s.c_str(), &end, 10);
-  if (*end) return Status(ErrorCode::kInvalidArgument, "size '" + size_s + "' is not a number");
+  constexpr long kMost = std::numeric_limits<int>::max();
+  auto size = core::parse_number(size_s, 1, kMost, "world size");
+  if (!size) return size.status();
+  auto rank = core::parse_number(rank_s, 0, size.value() - 1, "rank");
+  if (!rank) return rank.status();
 
   UniqueId id;
   std::string root = cfg.str("HMC_ROOT");
-  bool start_root = rank == 0;
+  bool start_root = rank.value() == 0;
   if (root.rfind("hmc1:", 0) == 0) {
     start_root = false;  // a whole unique id: whoever made it hosts the root
     auto parsed = UniqueId::parse(root);
     if (!parsed) return parsed.status();
     id = parsed.value();
   } else {
-    if (root.empty() && cfg.is_set("MASTER_ADDR") && cfg.is_set("MASTER_PORT"))
+    if (root.empty() && cfg.is_set("MASTER_ADDR") && cfg.is_set("MASTER_PORT")) {
       // torchrun's own store holds MASTER_PORT: the bootstrap root takes the next port.
-      root = cfg.str("MASTER_ADDR") + ":" + std::to_string(std::atoi(cfg.str("MASTER_PORT").c_str()) + 1);
+      auto port = core::parse_number(cfg.str("MASTER_PORT"), 1, 65534, "MASTER_PORT");
+      if (!port) return port.status();
+      root = cfg.str("MASTER_ADDR") + ":" + std::to_string(port.value() + 1);
+    }
     if (root.empty() || root.find(':') == std::string::npos)
       return Status(ErrorCode::kInvalidArgument, "from_env needs the bootstrap root: HMC_ROOT=host:port "
                                                  "(or torchrun's MASTER_ADDR/MASTER_PORT)");
+    if (auto parsed = core::parse_root(root); !parsed) return parsed.status();
     id.root = root;
     std::string secret = cfg.str("HMC_SECRET");
     if (!secret.empty()) {
@@ -98,12 +104,8 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
       id.secret = derive_secret(job + "|" + root);
     }
   }
-  if (start_root) {
-    auto colon = id.root.rfind(':');
-    auto port = static_cast<uint16_t>(std::atoi(id.root.c_str() + colon + 1));
-    HMC_RETURN_IF_ERROR(ctx.impl().start_root("", port, id.secret));
-  }
-  return create(ctx, id, static_cast<int>(rank), static_cast<int>(size));
+  if (start_root) HMC_RETURN_IF_ERROR(ctx.impl().start_root("", core::parse_root(id.root)->port, id.secret));
+  return create(ctx, id, static_cast<int>(rank.value()), static_cast<int>(size.value()));
 }
 
 int Communicator::rank() const { return impl_ ? impl_->rank() : -1; }

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/bootstrap.h"
 #include "core/context_impl.h"
 #include "core/registration.h"
 #include "hmc/context.h"
@@ -162,11 +163,10 @@ Result<UniqueId> UniqueId::parse(const std::string& text) {
   id.root = text.substr(5, last - 5);
   const auto colon = id.root.rfind(':');
   if (colon == std::string::npos || colon == 0) return bad("no host and port");
-  const std::string port = id.root.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) == 0 || std::stoul(port) > 65535)
-    return bad("the port is not a number from 1 to 65535");
-  if (hex.size() != 32) return bad("secret must be 32 hex digits");
+  if (!core::parse_root(id.root)) return bad("the port is not a number from 1 to 65535");
+  // sscanf's %x would also take blanks, signs and "0x", and stop at the first other character.
+  if (hex.size() != 32 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    return bad("secret must be 32 hex digits");
   for (std::size_t i = 0; i < 16; ++i) {
     unsigned v = 0;
     if (std::sscanf(hex.c_str() + 2 * i, "%2x", &v) != 1) return bad("secret is not hex");

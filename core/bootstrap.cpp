@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -39,6 +40,27 @@ int64_t ms_since(Clock::time_point start) {
 }
 
 }  // namespace
+
+Result<long> parse_number(const std::string& text, long lo, long hi, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  // strtol also takes leading blanks and a '+': the text must be digits (a '-' for negatives).
+  const bool digits = !text.empty() && text.find_first_not_of("-0123456789") == std::string::npos;
+  if (!digits || *end || errno == ERANGE || v < lo || v > hi)
+    return Status(ErrorCode::kInvalidArgument,
+                  what + " '" + text + "' is not a number from " + std::to_string(lo) + " to " + std::to_string(hi));
+  return v;
+}
+
+Result<RootAddress> parse_root(const std::string& root) {
+  const auto colon = root.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status(ErrorCode::kInvalidArgument, "bootstrap root '" + root + "' is not host:port");
+  auto port = parse_number(root.substr(colon + 1), 1, 65535, "the port of bootstrap root '" + root + "',");
+  if (!port) return port.status();
+  return RootAddress{root.substr(0, colon), static_cast<uint16_t>(port.value())};
+}
 
 class Bootstrap::Impl {
  public:

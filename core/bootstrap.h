@@ -20,6 +20,16 @@ namespace hmc::core {
 using Secret = std::array<uint8_t, 16>;
 using Clock = std::chrono::steady_clock;
 
+// The bootstrap root's "host:port" (an IPv6 host in brackets) taken apart: a host that is
+// not empty and a port from 1 to 65535 written in decimal, else kInvalidArgument.
+struct RootAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<RootAddress> parse_root(const std::string& root);
+// A decimal number from `lo` to `hi`, all of `text`; `what` names it in the error.
+Result<long> parse_number(const std::string& text, long lo, long hi, const std::string& what);
+
 // Serves one job of `size` ranks on its own io thread. size is learnt from the first rank's
 // hello; all must agree.
 class BootstrapRoot {

@@ -62,10 +62,9 @@ Status CommImpl::setup(const UniqueId& id) {
   split_min_ = ctx_.config().size("HMC_RNDV_SPLIT");
   turns_min_ = ctx_.config().size("HMC_RNDV_TURNS");
   stage_chunk_ = std::max<std::size_t>(ctx_.config().size("HMC_STAGE_CHUNK"), 4096);
-  auto colon = id.root.rfind(':');
-  if (colon == std::string::npos) return {ErrorCode::kInvalidArgument, "unique id root '" + id.root + "' is not host:port"};
-  int port = std::atoi(id.root.c_str() + colon + 1);
-  auto boot = Bootstrap::connect(id.root.substr(0, colon), static_cast<uint16_t>(port), id.secret, rank_, size_, deadline);
+  auto root = parse_root(id.root);
+  if (!root) return root.status();
+  auto boot = Bootstrap::connect(root->host, root->port, id.secret, rank_, size_, deadline);
   if (!boot) return boot.status();
   bootstrap_ = std::move(boot.value());
   bootstrap_->set_on_change([this] {

@@ -402,6 +402,17 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
     REQUIRE(bad.status().code() == ErrorCode::kInvalidArgument);
     CHECK(bad.status().message().find(root) != std::string::npos);
   }
+  // sscanf's %x alone took blanks, signs and "0x" as hex digits.
+  for (const char* secret : {"0000000000000000000000000000000g", "-f-f-f-f-f-f-f-f-f-f-f-f-f-f-f-f",
+                             " f f f f f f f f f f f f f f f f", "0x0x0x0x0x0x0x0x0x0x0x0x0x0x0x0x"}) {
+    INFO(secret);
+    REQUIRE(UniqueId::parse(std::string("hmc1:10.77.0.1:29500:") + secret).status().code() == ErrorCode::kInvalidArgument);
+  }
+  // A hand-made id whose port is 0 fails at once, not at the deadline of a connect.
+  auto t0 = Clock::now();
+  REQUIRE(Communicator::create(ctx.value(), UniqueId{"127.0.0.1:0", {}}, 0, 2).status().code() ==
+          ErrorCode::kInvalidArgument);
+  CHECK(Clock::now() - t0 < std::chrono::seconds(1));
   // A dtype or op cast from an integer out of range: names and sizes that every check refuses.
   CHECK(dtype_size(static_cast<DataType>(99)) == 0);
   CHECK(std::string(dtype_name(static_cast<DataType>(99))) == "?");
@@ -411,6 +422,32 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
 // The control plane may hear of a peer's end before its connection has handed over all
 // it delivered: messages sent before the end still arrive, in order, and the loss shows
 // after them. Rank 0 stays out of HMC until the end is known (no progress runs meanwhile).
+// Each would have become another number (a size of 2^32 + 1 became 1, port 65536 became 0)
+// and failed, if at all, at the bootstrap's deadline.
+TEST_CASE("from_env refuses ranks, sizes and ports out of range at once", "[errors][config]") {
+  const std::vector<std::map<std::string, std::string>> bad = {
+      {{"HMC_RANK", "0"}, {"HMC_WORLD_SIZE", "4294967297"}, {"HMC_ROOT", "127.0.0.1:29411"}},
+      {{"HMC_RANK", "4294967296"}, {"HMC_WORLD_SIZE", "1"}, {"HMC_ROOT", "127.0.0.1:29411"}},
+      {{"HMC_RANK", "1"}, {"HMC_WORLD_SIZE", "1"}, {"HMC_ROOT", "127.0.0.1:29411"}},
+      {{"HMC_RANK", " 0"}, {"HMC_WORLD_SIZE", "+2"}, {"HMC_ROOT", "127.0.0.1:29411"}},
+      {{"HMC_RANK", "0"}, {"HMC_WORLD_SIZE", "1"}, {"HMC_ROOT", "127.0.0.1:abc"}},
+      {{"HMC_RANK", "0"}, {"HMC_WORLD_SIZE", "1"}, {"HMC_ROOT", "127.0.0.1:94537"}},
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "65535"}},
+  };
+  for (auto settings : bad) {
+    std::string what;
+    for (const auto& [k, v] : settings) what += k + "=" + v + " ";
+    INFO(what);
+    settings["HMC_TIMEOUT"] = "5s";
+    auto ctx = Context::create({settings});
+    REQUIRE(ctx.ok());
+    const auto t0 = Clock::now();
+    auto comm = Communicator::from_env(ctx.value());
+    CHECK(comm.status().code() == ErrorCode::kInvalidArgument);
+    CHECK(Clock::now() - t0 < std::chrono::seconds(1));
+  }
+}
+
 TEST_CASE("messages a peer sent before it died are received before its loss shows", "[errors][peer-lost]") {
   with_killed_peer([](RankEnv& e) {
     constexpr int kMessages = 24;
