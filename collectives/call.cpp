@@ -85,7 +85,7 @@ Request Call::own(const Build& build) {
   CommState& state = *state_;
   const CollSettings& settings = state.settings;
   if (ccl && !empty && size_ > 1)
-    if (auto shared = try_shm(ci, state, *ccl, opt_)) return std::move(*shared);
+    if (auto shared = try_shm(ci, state, *ccl, opt_, seq_)) return std::move(*shared);
   // Every rank must cut alike, so the rule sees only arguments all ranks share (a mixed
   // job's ranks hold different memory kinds): each chunk costs a handshake, which device
   // copies (hundreds of GB/s) notice most, so large messages get larger chunks.

@@ -49,6 +49,13 @@ constexpr std::size_t kWholeReduceMax = 32 << 10;
 // (docs/performance.md).
 constexpr std::size_t kCmaMin = 32 << 10;
 
+// A slot's sequence number carries the low 16 bits of its call's number (which every rank's
+// call takes, refused by its own checks or not) above the round's: ranks whose rounds fell
+// out of line, where a call was refused on one rank and ran on the others, see it and fail
+// rather than read another call's input.
+constexpr int kCallShift = 48;
+constexpr uint64_t kRoundMask = (uint64_t{1} << kCallShift) - 1;
+
 std::atomic_ref<uint64_t> word(uint8_t* seg, std::size_t off) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(seg + off));
 }
@@ -95,9 +102,9 @@ Rounds rounds_of(const CclWork& w, int n, bool cma) {
 class ShmColl final : public DriverOp {
  public:
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
-          const CclWork& w, Rounds rounds, uint64_t first_seq, std::shared_ptr<ScratchPool> pool)
+          const CclWork& w, Rounds rounds, uint64_t first_seq, uint64_t call, std::shared_ptr<ScratchPool> pool)
       : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
-        first_(first_seq), result_(core::Operation::make(comm.context().engine())),
+        first_(first_seq), call_((call & 0xffff) << kCallShift), result_(core::Operation::make(comm.context().engine())),
         inline_(rounds.count == 1 && !rounds.cma &&
                 (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes),
         pool_(std::move(pool)) {
@@ -173,7 +180,7 @@ class ShmColl final : public DriverOp {
     } else if (len && (w_.kind != CollKind::kBroadcast || me == w_.root)) {
       std::memcpy(dst, src + off, len);
     }
-    word(own(), seq_off(slot(s))).store(s, std::memory_order_release);
+    word(own(), seq_off(slot(s))).store(s | call_, std::memory_order_release);
     segs_->ring_peers();
     if (w_.kind == CollKind::kAllGather || w_.kind == CollKind::kAllToAll) {
       const std::size_t from = w_.kind == CollKind::kAllToAll ? me * rounds_.total : 0;
@@ -181,6 +188,19 @@ class ShmColl final : public DriverOp {
       if (to != src + from + off) std::memcpy(to, src + from + off, len);  // in place: already there
     }
     return true;
+  }
+
+  // Whether every rank's input of round s is up (kUp), not yet (kNotYet), or a rank's
+  // slot holds another call's round (its number; a rank's slot cannot get past round s
+  // before this rank is done with it).
+  static constexpr int kUp = -1, kNotYet = -2;
+  int inputs_up(uint64_t s) const {
+    for (int r = 0; r < segs_->size(); ++r) {
+      const uint64_t at = word(segs_->of(r), seq_off(slot(s))).load(std::memory_order_acquire);
+      if (at == (s | call_)) continue;
+      return (at & kRoundMask) < s ? kNotYet : r;
+    }
+    return kUp;
   }
 
   // Every rank's word at off(slot of s) has reached s.
@@ -216,7 +236,14 @@ class ShmColl final : public DriverOp {
     const uint64_t s = seq(current_);
     if (!reduced_) {
       // This rank finished the collective before this one, and every rank's input is up.
-      if (state_->finished.load(std::memory_order_acquire) + 1 != s || !everyone_at(seq_off, s)) return {};
+      if (state_->finished.load(std::memory_order_acquire) + 1 != s) return {};
+      if (const int up = inputs_up(s); up != kUp) {
+        if (up == kNotYet) return {};
+        return {ErrorCode::kMismatch, "the ranks' collectives are out of line: rank " + std::to_string(up) +
+                                          "'s input in the shared segment belongs to another call (a collective "
+                                          "refused by its own checks on some rank and run on others, or a different "
+                                          "number of collectives); abort the communicator"};
+      }
       if (by_shares()) {
         HMC_RETURN_IF_ERROR(reduce_share(s));
         word(own(), red_off(slot(s))).store(s, std::memory_order_release);
@@ -366,6 +393,7 @@ class ShmColl final : public DriverOp {
   CclWork w_;
   Rounds rounds_;
   uint64_t first_;
+  const uint64_t call_;  // the call's number, shifted into a slot's sequence number
   std::shared_ptr<core::Operation> result_;
   const bool inline_;       // the slot's data sits in its sequence number's line (kInlineBytes)
   uint64_t published_ = 0;  // rounds whose input is in the slots
@@ -384,7 +412,8 @@ class ShmColl final : public DriverOp {
 
 }  // namespace
 
-std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWork& w, const CollOptions& opt) {
+std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWork& w, const CollOptions& opt,
+                               uint64_t call) {
   const auto& segs = ci.segments();
   const CollSettings& settings = state.settings;
   if (!segs || opt.stream || !opt.algorithm.empty() || settings.algo_set || opt.check.value_or(settings.check))
@@ -405,7 +434,7 @@ std::optional<Request> try_shm(core::CommImpl& ci, CommState& state, const CclWo
   if (rounds.count == 0) return std::nullopt;
   const uint64_t first = state.shm->next.fetch_add(rounds.count, std::memory_order_relaxed) + 1;
   const bool aside = rounds.cma && w.kind == CollKind::kAllToAll && w.send == w.recv;
-  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first, aside ? state.scratch : nullptr);
+  auto op = std::make_unique<ShmColl>(ci, segs, state.shm, w, rounds, first, call, aside ? state.scratch : nullptr);
   Request result(op->result());
   Driver::of(ci.context().engine()).launch(std::move(op));
   return result;

@@ -30,7 +30,8 @@ inline constexpr std::size_t kSlotBytes = core::HostSegments::kSlotBytes;
 
 // The request of `w` run over the shared segments, or nullopt when this call does not
 // qualify (the same answer on every rank: it depends only on the communicator and on
-// arguments all ranks pass alike).
-std::optional<Request> try_shm(core::CommImpl& comm, CommState& state, const CclWork& w, const CollOptions& opt);
+// arguments all ranks pass alike). `call`: the call's sequence number (Call::seq).
+std::optional<Request> try_shm(core::CommImpl& comm, CommState& state, const CclWork& w, const CollOptions& opt,
+                               uint64_t call);
 
 }  // namespace hmc::coll

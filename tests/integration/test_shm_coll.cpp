@@ -384,3 +384,36 @@ TEST_CASE("small collectives commit only the segment pages they touch", "[collec
 TEST_CASE("all_gather and all_to_all of 2 ranks from 32 KiB read the other rank's buffer directly", "[collectives][shm]") {
   run(2, true, [](RankEnv& e, bool) { return check_cma_direct(e); }, {{"HMC_CCL", "off"}});
 }
+
+// Rank 0's reduce is refused by its own checks (no receive buffer at the root) and rank 1's
+// runs: from there the ranks' rounds of the shared segments are out of line. No later call
+// may then succeed with another call's data (each all_reduce sums 3 and 4): each fails,
+// with kMismatch where a rank saw the other's round, or kTimeout where it waited behind
+// the call that failed so.
+TEST_CASE("a collective refused on one rank alone leaves no later one reading another's data", "[collectives][shm]") {
+  auto exits = test::run_ranks(2, {{"HMC_TIMEOUT", "3s"}, {"HMC_SHM_COLL", "1"}, {"HMC_CCL", "off"}}, [](RankEnv& e) {
+    HMC_EXPECT(e.comm.impl().segments() != nullptr, "no shared segments");
+    float a[4] = {1, 1, 1, 1}, b[4] = {};
+    Status refused = reduce(e.comm, a, e.rank == 0 ? nullptr : b, 4, DataType::kFloat32, ReduceOp::kSum, 0).wait();
+    HMC_EXPECT(e.rank == 1 || refused.code() == ErrorCode::kInvalidArgument, refused.to_string());
+    // Rank 1's reduce met rank 0's next call in the round it took.
+    HMC_EXPECT(e.rank == 0 || refused.code() == ErrorCode::kMismatch, refused.to_string());
+    int mismatches = e.rank == 1;
+    for (int k = 0; k < 3; ++k) {
+      int32_t in[4], out[4] = {};
+      std::fill(in, in + 4, 3 + e.rank);
+      Status s = all_reduce(e.comm, in, out, 4, DataType::kInt32, ReduceOp::kSum).wait(std::chrono::seconds(3));
+      HMC_EXPECT(!s.ok() || (out[0] == 7 && out[3] == 7), "all_reduce " + std::to_string(k) + " succeeded with " +
+                                                              std::to_string(out[0]));
+      if (s.code() == ErrorCode::kMismatch) {
+        HMC_EXPECT(s.message().find("out of line") != std::string::npos, s.to_string());
+        ++mismatches;
+      }
+    }
+    HMC_EXPECT(mismatches > 0, "rank " + std::to_string(e.rank) + " saw no mismatch");
+    e.comm.abort();
+    return 0;
+  }, std::chrono::seconds(60));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
