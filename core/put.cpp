@@ -1,17 +1,41 @@
 // CommImpl one-sided: registration, puts and their notifications.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "core/comm_impl.h"
 
 namespace hmc::core {
+namespace {
+
+// Host memory that peers will write into must be mapped in this process, all of it: a put
+// into an address that is not would kill the process where a provider copies with memcpy.
+// msync(MS_ASYNC) checks the pages' mappings and does nothing else.
+Status check_mapped(const void* ptr, std::size_t bytes) {
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  if (bytes > UINTPTR_MAX - start)
+    return {ErrorCode::kInvalidArgument, "register_memory: " + std::to_string(bytes) + " bytes past the pointer overrun the address space"};
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = start & ~(page - 1);
+  if (msync(reinterpret_cast<void*>(lo), start + bytes - lo, MS_ASYNC) != 0 && errno == ENOMEM)
+    return {ErrorCode::kInvalidArgument,
+            "register_memory: " + std::to_string(bytes) + " bytes from the pointer are not all memory of this process"};
+  return {};
+}
+
+}  // namespace
 
 Result<MemoryRegion> CommImpl::register_memory(void* ptr, std::size_t bytes) {
   std::lock_guard lock(mu_);
   HMC_RETURN_IF_ERROR(usable());
   if (!ptr || bytes == 0) return Status(ErrorCode::kInvalidArgument, "register_memory needs a non-null pointer and a size > 0");
-  auto reg = std::make_unique<Registration>(ptr, bytes);
   const bool device = ctx_.device_mem(ptr, bytes);
+  if (!device) HMC_RETURN_IF_ERROR(check_mapped(ptr, bytes));
+  auto reg = std::make_unique<Registration>(ptr, bytes);
   std::vector<LoadedProvider*> used;
   for (auto& p : peers_)
     if (p.net && std::find(used.begin(), used.end(), p.net) == used.end()) used.push_back(p.net);

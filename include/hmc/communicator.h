@@ -123,7 +123,8 @@ class Communicator {
   Status send(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Status recv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
 
-  // One-sided. The region's key travels to peers by any means (e.g. send/recv).
+  // One-sided. The region's key travels to peers by any means (e.g. send/recv). Host
+  // memory must be mapped in this process for all `bytes` (else kInvalidArgument).
   Result<MemoryRegion> register_memory(void* ptr, std::size_t bytes);
   // Writes `bytes` from `src` at `offset` of the peer's region. The request
   // completes when `src` may be reused. With `notify`, the peer's wait_notify

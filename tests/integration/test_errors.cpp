@@ -1,5 +1,6 @@
 // Refusals and bad input: each gives a clear error, never a hang or a crash.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -45,6 +46,18 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
     HMC_EXPECT(e.comm.isend(buf.data(), 10, peer, 1ull << 63).wait().code() == ErrorCode::kInvalidArgument, "reserved tag");
     HMC_EXPECT(e.comm.put(peer, buf.data(), 8, RemoteKey{{1, 2, 3}}, 0).wait().code() == ErrorCode::kInvalidArgument, "garbage key");
     HMC_EXPECT(!e.comm.register_memory(nullptr, 10).ok(), "null registration");
+    // Memory this process does not have: a peer's put there would have killed it.
+    HMC_EXPECT(e.comm.register_memory(reinterpret_cast<void*>(0x1000), 4096).status().code() == ErrorCode::kInvalidArgument,
+               "unmapped registration");
+    HMC_EXPECT(e.comm.register_memory(buf.data(), SIZE_MAX).status().code() == ErrorCode::kInvalidArgument,
+               "registration past the address space");
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    auto* two = static_cast<uint8_t*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    HMC_EXPECT(two != MAP_FAILED && munmap(two + page, page) == 0, "mmap");
+    HMC_EXPECT(e.comm.register_memory(two, 2 * page).status().code() == ErrorCode::kInvalidArgument,
+               "registration past the end of a mapping");
+    HMC_EXPECT(e.comm.register_memory(two + 8, page - 8).ok(), "registration of a mapped page");
+    munmap(two, page);
     HMC_EXPECT(e.comm.wait_notify(peer, std::chrono::milliseconds(100)).status().code() == ErrorCode::kTimeout, "notify deadline");
     // Nothing sent on tag 99: the wait ends at its deadline, the request stays usable.
     Request never = e.comm.irecv(buf.data(), 4, peer, 99);
