@@ -318,6 +318,9 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
   if (rc != HMC_PROV_OK) {
     p->state = nullptr;
     std::string why = reason[0] ? reason : "init failed with code " + std::to_string(rc);
+    // A setting the provider refused was set by someone on purpose: say so above info.
+    if (rc == HMC_PROV_ERR_INVALID)
+      HMC_LOG("core", warn, "provider {} not used: a setting of its is invalid: {}", c.name, why);
     return refuse("unavailable: " + why);
   }
   if (p->dev) {

@@ -42,7 +42,7 @@ typedef struct hmc_host_services {
   void* host;
   /* Log one message; `provider` names the subsystem (the provider's name). */
   void (*log)(void* host, int level, const char* provider, const char* message);
-  /* Look a provider parameter up by full name (e.g. "HMC_TCP_CHUNK").
+  /* Look a provider parameter up by full name (e.g. "HMC_TCP_SOCKBUF").
    * Returns 0 and copies the value (NUL-terminated) when set, 1 when unset,
    * negative when the buffer is too small. Providers register their
    * parameters in their own table (see device.h/net.h `params`). */
@@ -54,7 +54,7 @@ typedef struct hmc_host_services {
 
 /* One tunable parameter a provider reads through config_get. */
 typedef struct hmc_param {
-  const char* name;          /* "HMC_TCP_CHUNK" */
+  const char* name;          /* "HMC_TCP_SOCKBUF" */
   const char* type;          /* "size", "int", "bool", "string" */
   const char* default_value; /* as text */
   const char* help;
