@@ -68,7 +68,8 @@ using hmc_net::DirectPut;
 
 const hmc_param_t kParams[] = {
     {"HMC_SHM_DIR", "string", "/tmp",
-     "directory of the listening Unix sockets (filesystem paths work across network namespaces)"},
+     "directory of the listening Unix sockets (filesystem paths work across network namespaces); "
+     "each process's first shm provider unlinks the sockets there that this user's processes, gone, left"},
     {"HMC_SHM_CMA", "bool", "1",
      "single-copy puts with process_vm_writev; 0 sends put data through the socket"},
     {"HMC_SHM_MAP", "bool", "1",
