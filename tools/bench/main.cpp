@@ -98,6 +98,7 @@ int run_rank(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hmc::tools::name_this_process(argv[0]);
   Cli cli;
   if (int rc = parse_cli(argc, argv, cli); rc >= 0) return rc;
   if (cli.local > 0) return hmc::tools::run_local_ranks("hmc-bench", cli.local, worker_args(cli.opt), cli.timeout_s);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,12 +52,12 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// This program's path: ranks started from it carry its name (ps, pgrep -x, the kernel's
-// log). /proc/self/exe, which still works when the file was replaced since, is the fallback.
+// This program's path, the ranks' argv[0] (ps shows it; they are started from
+// /proc/self/exe, this very binary even when the file was replaced since).
 std::string self_path() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, n) : "/proc/self/exe";
+  return n > 0 ? std::string(buf, n) : "hmc-rank";
 }
 
 void kill_all(std::vector<pid_t>& pids) {
@@ -75,7 +76,7 @@ sigset_t ending_signals() {
   return set;
 }
 
-pid_t spawn(const std::string& path, char** argv, char** envp) {
+pid_t spawn(char** argv, char** envp) {
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none;
@@ -83,8 +84,7 @@ pid_t spawn(const std::string& path, char** argv, char** envp) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
-  int err = posix_spawn(&pid, path.c_str(), nullptr, &attr, argv, envp);
-  if (err == ENOENT || err == EACCES) err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv, envp);
+  const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv, envp);
   posix_spawnattr_destroy(&attr);
   if (err != 0) errno = err;
   return err == 0 ? pid : -1;
@@ -143,7 +143,7 @@ int start_and_reap(const char* tool, int n, const std::vector<std::string>& args
     argv_store.insert(argv_store.end(), args.begin(), args.end());
     auto envp = pointers(env);
     auto argv = pointers(argv_store);
-    const pid_t pid = spawn(path, argv.data(), envp.data());
+    const pid_t pid = spawn(argv.data(), envp.data());
     if (pid < 0) {
       std::fprintf(stderr, "%s: cannot start rank %d: %s\n", tool, r, std::strerror(errno));
       kill_all(pids);
@@ -155,6 +155,11 @@ int start_and_reap(const char* tool, int n, const std::vector<std::string>& args
 }
 
 }  // namespace
+
+void name_this_process(const char* argv0) {
+  const char* slash = std::strrchr(argv0, '/');
+  prctl(PR_SET_NAME, slash ? slash + 1 : argv0, 0, 0, 0);
+}
 
 int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s) {
   // Blocked before the context starts its threads, which inherit the mask: a signal

@@ -12,4 +12,8 @@ namespace hmc::tools {
 // Returns the first failing rank's exit code, 124 on timeout, 0 when all succeeded.
 int run_local_ranks(const char* tool, int n, const std::vector<std::string>& args, int timeout_s);
 
+// The name the kernel keeps for this process (ps -o comm, pgrep -x, the OOM killer's log):
+// argv[0]'s last part. Ranks, started from /proc/self/exe, would otherwise be "exe".
+void name_this_process(const char* argv0);
+
 }  // namespace hmc::tools

@@ -46,6 +46,7 @@ int worker(const probe::MeasureOptions& opt, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hmc::tools::name_this_process(argv[0]);
   CLI::App app{"hmc-probe: HMC's providers, devices, configuration and paths"};
   int local = 0;
   bool json = false, rank_worker = false;
