@@ -184,6 +184,9 @@ bool ProgressEngine::pass(bool all_pollers) {
       e->passes_[parity].fetch_sub(1);
     }
   } counted(this, t);
+  // Counted, then the flag (both seq_cst): either close() waits for this pass, or this pass
+  // sees the engine closed and touches nothing, since the pollers' providers may be gone.
+  if (closed_.load()) return false;
   const uint64_t now = list_changes.load();
   if (t.depth > 0 || t.reused_of != this || t.reused_at != now) {
     std::lock_guard lock(mu_);
@@ -283,6 +286,11 @@ void ProgressEngine::close() {
   }
   wake();
   if (background_.joinable() && background_.get_id() != std::this_thread::get_id()) background_.join();
+  // The context frees its providers next: a pass another thread began before the flag was
+  // set (a waiter that a communicator's abort woke) must be over first. Not from inside a
+  // pass of this engine, which would wait for itself.
+  if (in_pass_of(pass_state(), this)) return;
+  while (passes_[0].load() + passes_[1].load() > 0) std::this_thread::yield();
 }
 
 ProgressEngine::~ProgressEngine() {

@@ -82,7 +82,8 @@ class ProgressEngine {
   void wake();
   // Runs progress until done() or the deadline; false on deadline.
   bool wait_until(const std::function<bool()>& done, Clock::time_point deadline);
-  // Closes the engine: waiters return, the background thread (if any) ends.
+  // Closes the engine: waiters return, the background thread (if any) ends, and once it
+  // returns no pass runs a poller or an item any more (passes in flight are waited for).
   void close();
   // While held, a background thread drives progress: stream-ordered operations must
   // complete even when nobody waits on them (core/stream_order.h).

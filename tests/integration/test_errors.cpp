@@ -306,6 +306,48 @@ TEST_CASE("abort from another thread ends a blocked wait", "[errors]") {
   REQUIRE(test::all_ok(exits));
 }
 
+// The documented order of teardown (communicator, then context) while another thread waits:
+// the communicator's end wakes the waiter, whose next pass once ran the providers' pollers
+// while the context freed those providers (AddressSanitizer: heap-use-after-free in the
+// poller). The context now waits for passes in flight before it frees anything.
+TEST_CASE("a context destroyed while another thread waits on its request frees nothing under it", "[errors]") {
+  auto roots = Context::create({{{"HMC_PROVIDERS", "cpu"}}});  // hosts the roots: the raced context has none
+  REQUIRE(roots.ok());
+  // A thread that keeps the cores busy, so that the waiter is preempted inside its pass.
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      t.join();
+    }
+  } join{stop, busy};
+  for (int i = 0; i < 300; ++i) {
+    auto ctx = std::make_unique<Context>(Context::create({{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", "10s"}}}).value());
+    auto comm = std::make_unique<Communicator>(Communicator::create(*ctx, roots->create_unique_id().value(), 0, 1).value());
+    char buf[8];
+    Request r = comm->irecv(buf, sizeof(buf), 0, 1);
+    Status s;
+    std::atomic<bool> started{false};
+    std::thread waiter([&] {
+      started = true;
+      s = r.wait();
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(1500 + (i % 7) * 300));
+    comm.reset();
+    ctx.reset();
+    waiter.join();
+    INFO("round " << i << ": " << s.to_string());
+    REQUIRE((s.code() == ErrorCode::kAborted || s.code() == ErrorCode::kFinalized));
+  }
+}
+
 TEST_CASE("a connection with the wrong job secret is refused and logged", "[errors][auth]") {
   int id_pipe[2][2], done_pipe[2];
   REQUIRE(pipe(id_pipe[0]) == 0);
