@@ -20,6 +20,8 @@
 // A gather result is split over as many gather frames as needed to keep each under the limit.
 #pragma once
 
+#include <fcntl.h>
+
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -171,7 +173,15 @@ inline std::string format_ranks(const std::vector<int>& ranks) {
 
 // Keepalive probes, so that a host that vanishes without closing (power loss, cable) is noticed
 // in about 30 s instead of the kernel's two hours.
+// Descriptors of HMC's own are closed in programs the process executes: a child that kept
+// a rank's connection open would hide the rank's death from its peers. asio opens sockets
+// without SOCK_CLOEXEC, so the flag is set once open.
+inline void close_on_exec(int fd) {
+  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+}
+
 inline void tune_socket(tcp::socket& s) {
+  close_on_exec(s.native_handle());
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
   s.set_option(asio::socket_base::keep_alive(true), ec);

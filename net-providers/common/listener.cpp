@@ -62,6 +62,7 @@ void Listener::accept_next() {
   acceptor_.async_accept(
       [self = shared_from_this()](const boost::system::error_code& ec, Connection::Socket socket) {
         if (self->closed_) return;
+        if (!ec) close_on_exec(socket.native_handle());
         if (ec) {
           // Out of descriptors and the like: say so and try again shortly.
           self->owner_.host().log(HMC_LOG_WARN,

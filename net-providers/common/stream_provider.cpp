@@ -1,5 +1,6 @@
 #include "common/stream_provider.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 
 #include <boost/asio/post.hpp>
@@ -119,6 +120,10 @@ int StreamProvider::direct_put(Connection&, DirectPut&, size_t, std::string&) {
   return kDirectUseStream;
 }
 
+void close_on_exec(int fd) {
+  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+}
+
 int StreamProvider::listen(const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len,
                            void** listener) {
   if (addr == nullptr || addr_len == nullptr || listener == nullptr) return HMC_PROV_ERR_INVALID;
@@ -129,6 +134,7 @@ int StreamProvider::listen(const char* host_hint, void* addr, size_t addr_cap, s
     host_.log(HMC_LOG_WARN, "listen failed: " + why);
     return rc;
   }
+  close_on_exec(acceptor.native_handle());
   if (published.size() > addr_cap || published.size() > HMC_NET_ADDR_MAX) {
     host_.log(HMC_LOG_WARN, "listen: address '" + published + "' does not fit the caller's buffer");
     boost::system::error_code ignored;
@@ -177,6 +183,7 @@ int StreamProvider::connect(const void* addr, size_t addr_len, const void* hello
     host_.log(HMC_LOG_WARN, "connect: " + why);
     return rc;
   }
+  close_on_exec(socket.native_handle());
   auto c = std::make_shared<Connection>(*this, std::move(socket), text);
   c->queue_hello(hello, hello_len);
   {

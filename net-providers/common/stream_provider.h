@@ -29,6 +29,11 @@
 
 namespace hmc_net {
 
+// Sets FD_CLOEXEC: a program the host process executes must not keep its connections open
+// (a child holding a dead rank's socket would hide the death from its peers). asio opens
+// and accepts without SOCK_CLOEXEC.
+void close_on_exec(int fd);
+
 class StreamProvider {
  public:
   using Socket = Connection::Socket;

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <signal.h>
+#include <spawn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <thread>
 
 #include "multiprocess.h"
+
+extern char** environ;
 
 using namespace hmc;
 using hmc::test::RankEnv;
@@ -229,6 +232,33 @@ TEST_CASE("a killed peer fails pending operations with peer lost", "[errors][pee
     HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(10), "peer loss took too long to notice");
     // Later operations with the lost peer fail at once.
     HMC_EXPECT(e.comm.send(big.data(), 8, 1).code() == ErrorCode::kPeerLost, "send to a lost peer");
+    e.comm.abort();
+    return 0;
+  });
+}
+
+// A program a rank starts (a data loader, a shell command) inherited its connections, and
+// while it ran the peers saw no loss: sockets are opened without SOCK_CLOEXEC by asio.
+TEST_CASE("a killed peer's loss shows though a program it started still runs", "[errors][peer-lost]") {
+  with_killed_peer([](RankEnv& e) {
+    int64_t child = 0;
+    if (e.rank == 1) {
+      pid_t pid = 0;
+      char sleep[] = "sleep", secs[] = "8";
+      char* args[] = {sleep, secs, nullptr};
+      HMC_EXPECT(posix_spawnp(&pid, "sleep", nullptr, nullptr, args, environ) == 0, "spawn");
+      child = pid;
+      HMC_EXPECT_OK(e.comm.send(&child, sizeof(child), 0, 1));
+      raise(SIGKILL);
+    }
+    HMC_EXPECT_OK(e.comm.recv(&child, sizeof(child), 1, 1));
+    auto t0 = Clock::now();
+    Status s = e.comm.recv(&child, sizeof(child), 1, 2);
+    const auto took = Clock::now() - t0;
+    if (child > 0) kill(static_cast<pid_t>(child), SIGKILL);  // orphaned: init reaps it
+    HMC_EXPECT(s.code() == ErrorCode::kPeerLost, s.to_string());
+    HMC_EXPECT(took < std::chrono::seconds(4), "the loss showed after " +
+                                                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms");
     e.comm.abort();
     return 0;
   });
