@@ -42,6 +42,9 @@ class BootstrapRoot {
   // once when none joined), so that the process hosting the root can destroy it without
   // cutting off ranks that are still talking to it. Ranks that never joined are not waited for.
   Status wait_finished(Clock::time_point deadline);
+  // Whether its job is over: ranks joined, and each said bye or was lost. Nothing is left
+  // to serve, and nobody can join any more.
+  bool over() const;
   // Stops the thread and closes everything; gives queued replies at most ~250 ms to drain.
   ~BootstrapRoot();
 

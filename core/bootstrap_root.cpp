@@ -52,6 +52,7 @@ class BootstrapRoot::Impl {
   void launch();
   uint16_t port() const { return port_; }
   Status wait_finished(Clock::time_point deadline);
+  bool over();
 
  private:
   enum class RankState : uint8_t { kAbsent, kJoined, kFinalized, kLost };
@@ -112,6 +113,7 @@ class BootstrapRoot::Impl {
   std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = true;  // no rank is in the job: none joined yet, or all said bye or were lost
+  bool joined_ = false;   // some rank joined: a finished job is then over for good
   std::string unfinished_;
 };
 
@@ -484,14 +486,23 @@ wire::Frame BootstrapRoot::Impl::lost_frame(int rank) const {
 // joined, and if none did the job has failed and nobody is left to serve.
 void BootstrapRoot::Impl::publish_finished() {
   std::vector<int> active;
-  for (int r = 0; r < size_; ++r)
+  bool joined = false;
+  for (int r = 0; r < size_; ++r) {
     if (state_[r] == RankState::kJoined) active.push_back(r);
+    joined |= state_[r] != RankState::kAbsent;
+  }
   {
     std::lock_guard lock(mu_);
     finished_ = active.empty();
+    joined_ = joined;
     unfinished_ = active.empty() ? std::string() : wire::format_ranks(active) + " did not say bye";
   }
   cv_.notify_all();
+}
+
+bool BootstrapRoot::Impl::over() {
+  std::lock_guard lock(mu_);
+  return joined_ && finished_;
 }
 
 Status BootstrapRoot::Impl::wait_finished(Clock::time_point deadline) {
@@ -518,5 +529,6 @@ Result<std::unique_ptr<BootstrapRoot>> BootstrapRoot::start(const std::string& b
 uint16_t BootstrapRoot::port() const { return impl_->port(); }
 
 Status BootstrapRoot::wait_finished(Clock::time_point deadline) { return impl_->wait_finished(deadline); }
+bool BootstrapRoot::over() const { return impl_->over(); }
 
 }  // namespace hmc::core

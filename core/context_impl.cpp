@@ -355,9 +355,22 @@ Status ContextImpl::divide(void* buf, std::size_t count, DataType dtype, uint64_
 Status ContextImpl::start_root(const std::string& host, uint16_t port, const Secret& secret) {
   auto root = BootstrapRoot::start(host, port, secret);
   if (!root) return root.status();
-  std::lock_guard lock(mu_);
-  roots_.push_back(std::move(root.value()));
+  keep_root(std::move(root.value()));
   return {};
+}
+
+// Roots of jobs that are over go when the next one comes: each holds a thread and its
+// sockets, and a process that splits in a loop would otherwise run out of either.
+void ContextImpl::keep_root(std::unique_ptr<BootstrapRoot> root) {
+  std::vector<std::unique_ptr<BootstrapRoot>> over;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& r : roots_)
+      if (r->over()) over.push_back(std::move(r));
+    std::erase(roots_, nullptr);
+    roots_.push_back(std::move(root));
+  }
+  over.clear();  // joins their threads, outside the lock
 }
 
 Result<UniqueId> ContextImpl::create_unique_id() {
@@ -369,8 +382,7 @@ Result<UniqueId> ContextImpl::create_unique_id() {
   std::string host = config_.str("HMC_BOOTSTRAP_ADDR");
   if (host.empty()) host = hostname_ipv4();
   id.root = host + ":" + std::to_string(root.value()->port());
-  std::lock_guard lock(mu_);
-  roots_.push_back(std::move(root.value()));
+  keep_root(std::move(root.value()));
   return id;
 }
 

@@ -128,7 +128,8 @@ class ContextImpl {
   std::map<uintptr_t, Allocation> allocations_;  // start address -> allocation
   std::atomic<int> device_allocs_{0};  // of them, device memory (changed under mu_)
   std::atomic<uint64_t> free_generation_{0};
-  std::vector<std::unique_ptr<BootstrapRoot>> roots_;
+  std::vector<std::unique_ptr<BootstrapRoot>> roots_;  // guarded by mu_
+  void keep_root(std::unique_ptr<BootstrapRoot> root);
   // Declared after registry_: freed first, while the providers are still loaded.
   std::unique_ptr<StreamRetirement> retirement_ = std::make_unique<StreamRetirement>();
   std::unique_ptr<IpcImports> ipc_imports_;  // closed first, while the providers are loaded

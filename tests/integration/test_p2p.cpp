@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 
 #include "eager_check.h"
 #include "multiprocess.h"
@@ -290,4 +291,32 @@ TEST_CASE("receives into HMC memory reuse registrations, and a free flushes them
       REQUIRE(test::all_ok(exits));
     }
   }
+}
+
+namespace {
+std::size_t entries(const char* dir) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+}  // namespace
+
+// Each unique id starts a bootstrap root (a thread, a listening socket, its connections),
+// which the context kept until its end: a process that made communicators in a loop (a
+// split per step) ran out of descriptors. Roots of jobs that are over now go.
+TEST_CASE("communicators made one after another do not pile up bootstrap roots", "[p2p][lifetime]") {
+  auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TIMEOUT", "10s"}}});
+  REQUIRE(ctx.ok());
+  auto one = [&](bool finalize) {
+    auto comm = Communicator::create(ctx.value(), ctx->create_unique_id().value(), 0, 1);
+    REQUIRE(comm.ok());
+    if (finalize) REQUIRE(comm->finalize().ok());
+  };
+  one(true);  // the first makes what stays (provider threads, listeners)
+  const std::size_t threads = entries("/proc/self/task"), fds = entries("/proc/self/fd");
+  for (int i = 0; i < 40; ++i) one(i % 2 == 0);  // finalized, or only destroyed
+  const std::size_t threads_after = entries("/proc/self/task"), fds_after = entries("/proc/self/fd");
+  INFO("threads " << threads << " -> " << threads_after << ", descriptors " << fds << " -> " << fds_after);
+  CHECK(threads_after <= threads + 2);
+  CHECK(fds_after <= fds + 8);
 }
