@@ -611,9 +611,9 @@ void Provider::retire(std::unique_ptr<Conn> c) {
   c->ops.clear();
 }
 
-// The endpoint is closed in flush mode: sends under way finish (UCX 1.13's tcp
-// transport crashed now and then when one was cut off by a forced close), then
-// the lifeline closes and the peer sees the end.
+// The endpoint is flushed, so that sends under way finish (UCX 1.13's tcp transport
+// crashed now and then when one was cut off by a forced close), then closed by force,
+// then the lifeline closes and the peer sees the end.
 //
 // Where the peer is gone (its lifeline ended; the host may learn that from its
 // control plane before our thread reads the end-of-file) nothing can flush:
@@ -668,9 +668,23 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   }
   void* closing = nullptr;
   if (ep != nullptr) {
+    // Flushed first, then closed by force: with peer failure handling on, UCX keeps the
+    // transport endpoints of a flushing close while the connection lives (over tcp, one
+    // socket per communicator ever made, on both sides). A flush that has not ended by the
+    // deadline leaves the close in flush mode (see above).
+    bool flushed = gone;
+    if (!gone) {
+      ucp_request_param_t none{};
+      void* flushing = ucp_ep_flush_nbx(ep, &none);
+      while (UCS_PTR_IS_PTR(flushing) && ucp_request_check_status(flushing) == UCS_INPROGRESS &&
+             Clock::now() < deadline)
+        look();
+      flushed = flushing == nullptr || (UCS_PTR_IS_PTR(flushing) && ucp_request_check_status(flushing) == UCS_OK);
+      if (UCS_PTR_IS_PTR(flushing)) ucp_request_free(flushing);
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = gone ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    p.flags = flushed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     closing = ucp_ep_close_nbx(ep, &p);
     while (UCS_PTR_IS_PTR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
            Clock::now() < deadline) {

@@ -320,3 +320,45 @@ TEST_CASE("communicators made one after another do not pile up bootstrap roots",
   CHECK(threads_after <= threads + 2);
   CHECK(fds_after <= fds + 8);
 }
+
+// Communicators between the same two ranks, one after another, each finalized or only
+// destroyed: none may leave a connection behind (ucx kept a transport socket of each on
+// both sides while its flushing close waited for a connection that never ended).
+TEST_CASE("two-rank communicators made one after another leave no connections behind", "[p2p][lifetime]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        auto one = [&](int i) -> int {
+          char text[256] = {};
+          if (e.rank == 0) std::snprintf(text, sizeof(text), "%s", e.ctx.create_unique_id().value().to_string().c_str());
+          if (e.rank == 0) HMC_EXPECT_OK(e.comm.send(text, sizeof(text), 1, 5));
+          else HMC_EXPECT_OK(e.comm.recv(text, sizeof(text), 0, 5));
+          auto c = Communicator::create(e.ctx, UniqueId::parse(text).value(), e.rank, 2);
+          HMC_EXPECT_OK(c.status());
+          int64_t out = e.rank + 10 * i, in = -1;
+          Request r = c->irecv(&in, sizeof(in), 1 - e.rank, 1);
+          HMC_EXPECT_OK(c->send(&out, sizeof(out), 1 - e.rank, 1));
+          HMC_EXPECT_OK(r.wait());
+          HMC_EXPECT(in == 1 - e.rank + 10 * i, "received " + std::to_string(in));
+          std::vector<uint8_t> big(1 << 20, static_cast<uint8_t>(i)), back(1 << 20);  // by rendezvous
+          Request rb = c->irecv(back.data(), back.size(), 1 - e.rank, 2);
+          HMC_EXPECT_OK(c->send(big.data(), big.size(), 1 - e.rank, 2));
+          HMC_EXPECT_OK(rb.wait());
+          HMC_EXPECT(back == big, "the rendezvous message");
+          if (i % 2 == 0) HMC_EXPECT_OK(c->finalize());
+          else HMC_EXPECT_OK(e.comm.barrier());  // both done with it before it goes
+          return 0;
+        };
+        if (int rc = one(0)) return rc;  // the first makes what stays
+        const std::size_t fds = entries("/proc/self/fd");
+        for (int i = 1; i <= 16; ++i)
+          if (int rc = one(i)) return rc;
+        const std::size_t fds_after = entries("/proc/self/fd");
+        HMC_EXPECT(fds_after <= fds + 4, "descriptors " + std::to_string(fds) + " -> " + std::to_string(fds_after));
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
