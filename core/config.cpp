@@ -192,12 +192,21 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
   return c;
 }
 
-Status Config::add_params(const std::string& owner, const hmc_param_t* params, std::size_t n) {
+std::string Config::bad_params(const hmc_param_t* params, std::size_t n) {
+  if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";
   for (std::size_t i = 0; i < n; ++i) {
     const hmc_param_t& p = params[i];
-    if (!p.name || !p.type) return {ErrorCode::kInvalidArgument, owner + ": parameter without name or type"};
+    if (!p.name || !p.type) return "parameter " + std::to_string(i) + " without name or type";
+    if (!type_from_name(p.type)) return "parameter " + std::string(p.name) + " has unknown type '" + p.type + "'";
+  }
+  return {};
+}
+
+Status Config::add_params(const std::string& owner, const hmc_param_t* params, std::size_t n) {
+  if (std::string bad = bad_params(params, n); !bad.empty()) return {ErrorCode::kInvalidArgument, owner + ": " + bad};
+  for (std::size_t i = 0; i < n; ++i) {
+    const hmc_param_t& p = params[i];
     auto type = type_from_name(p.type);
-    if (!type) return {ErrorCode::kInvalidArgument, owner + ": parameter " + p.name + " has unknown type '" + p.type + "'"};
     ParamDef def{p.name, *type, p.default_value ? p.default_value : "", p.help ? p.help : "", owner};
     auto it = values_.find(def.name);
     if (it != values_.end()) HMC_RETURN_IF_ERROR(validate(def, it->second.first));

@@ -33,6 +33,9 @@ class Config {
 
   // Registers a provider's parameters and validates any value already set for them.
   Status add_params(const std::string& owner, const hmc_param_t* params, std::size_t n);
+  // What is wrong with a provider's parameter table ("" when nothing): a fault of the
+  // provider, which the loader refuses alone, unlike a malformed value the user set.
+  static std::string bad_params(const hmc_param_t* params, std::size_t n);
 
   // The value as text (set or default); nullopt for an unknown name.
   std::optional<std::string> text(const std::string& name) const;

@@ -160,7 +160,10 @@ std::vector<DeviceInfo> ContextImpl::devices() const {
       hmc_device_info_t raw{};
       raw.struct_size = sizeof(raw);
       if (p->dev->device_info(p->state, i, &raw) != 0) continue;
-      out.push_back({{p->name, i}, raw.vendor, raw.model, raw.pci_bus_id, raw.numa_node,
+      // The provider's texts, bounded: one that fills a field leaves no NUL.
+      auto text = [](const char* s, std::size_t cap) { return std::string(s, strnlen(s, cap)); };
+      out.push_back({{p->name, i}, text(raw.vendor, sizeof(raw.vendor)), text(raw.model, sizeof(raw.model)),
+                     text(raw.pci_bus_id, sizeof(raw.pci_bus_id)), raw.numa_node,
                      raw.mem_kind == HMC_MEM_DEVICE ? MemKind::kDevice : MemKind::kHost, raw.memory_bytes});
     }
   }

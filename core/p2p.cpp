@@ -650,6 +650,7 @@ bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
   message[0] = 0;  // not the whole buffer: this runs for every request in flight on every poll
   int rc = p.net->net->test(p.net->state, req, &finished, &bytes, message, sizeof(message));
   if (rc == 0 && !finished) return false;
+  message[sizeof(message) - 1] = 0;  // a provider that filled it to the end
   Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
   end(s);
   if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
@@ -691,6 +692,13 @@ bool CommImpl::progress_peer(Peer& p) {
     if (rc == 0 && !done) break;
     any = true;
     slot.req = nullptr;
+    message[sizeof(message) - 1] = 0;
+    if (rc == 0 && bytes > slot.buf.size()) {  // the provider's fault: nothing past the slot is read
+      mark_lost(p, {ErrorCode::kInternal, describe(p) + ": " + p.net->name + " reported " + std::to_string(bytes) +
+                                              " bytes received into a buffer of " + std::to_string(slot.buf.size())});
+      p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
+      continue;
+    }
     if (rc != 0) {
       mark_lost(p, from_provider(rc, message, describe(p)));
       p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();

@@ -307,14 +307,16 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
     params = p->ccl->params;
     num_params = p->ccl->num_params;
   }
+  if (bad.empty()) bad = Config::bad_params(params, num_params);
   if (!bad.empty()) return refuse("refused: " + bad);
-  HMC_RETURN_IF_ERROR(config.add_params(c.name, params, num_params));
+  HMC_RETURN_IF_ERROR(config.add_params(c.name, params, num_params));  // a malformed value of the user's
 
   p->services = {sizeof(hmc_host_services_t), p.get(), host_log, host_config_get, host_wake};
   char reason[512] = {0};
   int rc = p->dev   ? p->dev->init(&p->services, &p->state, reason, sizeof(reason))
            : p->net ? p->net->init(&p->services, &p->state, reason, sizeof(reason))
                     : p->ccl->init(&p->services, &p->state, reason, sizeof(reason));
+  reason[sizeof(reason) - 1] = 0;  // a provider that filled it to the end
   if (rc != HMC_PROV_OK) {
     p->state = nullptr;
     std::string why = reason[0] ? reason : "init failed with code " + std::to_string(rc);

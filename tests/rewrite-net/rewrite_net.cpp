@@ -9,6 +9,8 @@
 //                      nak: a kNak's error code (aux) := value.  ipc: a kCtsIpc's offer
 //                      says alloc_bytes = UINT64_MAX and offset := value.
 //   HMCTEST_REWRITE_VALUE  the value (strtoull, base 0), default 0.
+// And, read at each test of a receive: HMCTEST_REWRITE_MODE=bytes reports that many bytes
+// received (a provider's own fault, seen by the core of its process).
 // Core's wire formats come from core/wire.h and the IPC offer's head from
 // core/device_path.cpp (OfferHead: magic, handle_len, alloc_id, alloc_bytes, offset, ...).
 #include <dlfcn.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,31 @@ int rewrite_send(void* state, void* conn, const void* buf, size_t len, void** re
   return g_tcp->send_msg(state, conn, out, len, req);
 }
 
+// The receives in flight: test reports a false size for them in mode "bytes".
+std::mutex g_recvs_mu;
+std::set<void*> g_recvs;
+
+int rewrite_recv(void* state, void* conn, void* buf, size_t cap, void** req) {
+  const int rc = g_tcp->recv_msg(state, conn, buf, cap, req);
+  if (rc == 0) {
+    std::lock_guard lock(g_recvs_mu);
+    g_recvs.insert(*req);
+  }
+  return rc;
+}
+
+int rewrite_test(void* state, void* req, int* done, size_t* bytes, char* message, size_t cap) {
+  const int rc = g_tcp->test(state, req, done, bytes, message, cap);
+  if (rc != 0 || *done) {
+    std::lock_guard lock(g_recvs_mu);
+    const char* mode = std::getenv("HMCTEST_REWRITE_MODE");
+    const char* value = std::getenv("HMCTEST_REWRITE_VALUE");
+    if (g_recvs.erase(req) && rc == 0 && mode && std::string(mode) == "bytes")
+      *bytes = std::strtoull(value ? value : "0", nullptr, 0);
+  }
+  return rc;
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_net_provider_v1(void) {
@@ -96,6 +124,8 @@ extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_
   std::memcpy(&g_ops, tcp, tcp->struct_size < sizeof g_ops ? tcp->struct_size : sizeof g_ops);
   g_ops.name = "rewrite";
   g_ops.send_msg = rewrite_send;
+  g_ops.recv_msg = rewrite_recv;
+  g_ops.test = rewrite_test;
   g_tcp = tcp;
   return &g_ops;
 }

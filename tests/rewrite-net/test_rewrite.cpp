@@ -124,3 +124,32 @@ TEST_CASE("an IPC offer larger than the memory it names fails both sides", "[rew
   // extent of the import (ipc_extent) shows it.
   expect_offer_refused(2 * kBytes);
 }
+
+// The provider of rank 1's own process reports more bytes received than the control
+// receive's buffer holds: core must not read past it (before: a heap over-read, seen by
+// AddressSanitizer), and says which provider did what.
+TEST_CASE("a provider that reports more bytes than a receive holds loses the peer, reading nothing past", "[rewrite]") {
+  auto exits = run_ranks(
+      2, settings(false),
+      [&](RankEnv& e) {
+        int64_t go = 1, value = 42, got = 0;
+        if (e.rank == 0) {
+          HMC_EXPECT_OK(e.comm.recv(&go, sizeof(go), 1, 1));
+          HMC_EXPECT_OK(e.comm.isend(&value, sizeof(value), 1, 2).wait(kWait));
+          e.comm.abort();
+          return 0;
+        }
+        setenv("HMCTEST_REWRITE_VALUE", "1048576", 1);
+        setenv("HMCTEST_REWRITE_MODE", "bytes", 1);
+        HMC_EXPECT_OK(e.comm.send(&go, sizeof(go), 0, 1));
+        Status s = e.comm.irecv(&got, sizeof(got), 0, 2).wait(kWait);
+        unsetenv("HMCTEST_REWRITE_MODE");
+        HMC_EXPECT(s.code() == ErrorCode::kPeerLost, "receive: " + s.to_string());
+        HMC_EXPECT(s.message().find("rewrite reported 1048576 bytes") != std::string::npos, s.to_string());
+        e.comm.abort();
+        return 0;
+      },
+      std::chrono::seconds(90));
+  INFO(describe(exits));
+  CHECK(all_ok(exits));
+}

@@ -35,13 +35,20 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  Want{"fakenoprogress", "a mandatory function (init, fini, props, listen, close_listener, connect, conn_status, accept, close_conn, test, progress) is NULL"},
                  Want{"fakenoentry", "no entry symbol hmc_net_provider_v1"},
                  Want{"fakegarbage", "unavailable: cannot load"},
-                 Want{"fakenomsg", "unavailable: withdrew its messages"}}) {
+                 Want{"fakenomsg", "unavailable: withdrew its messages"},
+                 // Faults of the provider's own parameter table refuse it alone (one crashed
+                 // the loader, the other failed the whole context).
+                 Want{"fakenoparams", "refused: 2 parameters listed but no table of them"},
+                 Want{"fakeunnamed", "refused: parameter 0 without name or type"},
+                 // A reason without a NUL is cut at its buffer's end, not read past it.
+                 Want{"fakelongwhy", "unavailable: xxxxxxxx"}}) {
     INFO(w.name);
     const ProviderInfo* p = find(ps, w.name);
     REQUIRE(p != nullptr);
     CHECK_FALSE(p->available);
     CHECK_THAT(p->reason, Catch::Contains(w.reason));
     CHECK(p->origin.find(HMC_FAKE_PLUGIN_DIR) == 0);
+    CHECK(p->reason.size() < 600);
   }
   const ProviderInfo* cpu = find(ps, "cpu");
   REQUIRE(cpu != nullptr);

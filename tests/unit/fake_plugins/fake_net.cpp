@@ -2,7 +2,8 @@
 // loader refuses each with the right reason, and two that withdraw capabilities after init
 // (5: its messages, so it is refused; 6: its reach to other hosts). 6 has the appended
 // events and idle; 8 has them in memory too, but a struct_size that ends at progress, as
-// the first v1 tables did: the host must not read them. Never used outside tests.
+// the first v1 tables did: the host must not read them. 9 and 10 have broken parameter
+// tables, 11 fills init's reason to its end without a NUL. Never used outside tests.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +22,13 @@ int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t le
   std::snprintf(reason, len, "libfakevendor.so.1 not found");
   return HMC_PROV_ERR_UNAVAILABLE;
 }
+
+[[maybe_unused]] int init_unterminated(const hmc_host_services_t*, void**, char* reason, size_t len) {
+  std::memset(reason, 'x', len);
+  return HMC_PROV_ERR_UNAVAILABLE;
+}
+
+[[maybe_unused]] const hmc_param_t kUnnamed[] = {{nullptr, "int", "0", "a parameter without a name"}};
 
 [[maybe_unused]] int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
   *state = nullptr;
@@ -69,6 +77,13 @@ hmc_net_provider_t make_table() {
   t.struct_size = offsetof(hmc_net_provider_t, progress) + sizeof(t.progress);
 #elif FAKE_KIND == 7  // every entry but progress
   t.progress = nullptr;
+#elif FAKE_KIND == 9  // two parameters listed, no table
+  t.num_params = 2;
+#elif FAKE_KIND == 10
+  t.params = kUnnamed;
+  t.num_params = 1;
+#elif FAKE_KIND == 11
+  t.init = init_unterminated;
 #endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
   t.close_listener = [](void*, void*) { return 0; };
