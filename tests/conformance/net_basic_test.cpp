@@ -89,7 +89,10 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
         const hmc_param_t& q = p->params[i];
         REQUIRE(q.name != nullptr);
         INFO("parameter " << q.name);
-        CHECK(std::string(q.name).rfind("HMC_", 0) == 0);
+        // HMC_<NAME>_*, as the device kit wants too: names of two providers cannot clash.
+        std::string prefix = std::string("HMC_") + p->name + "_";
+        std::transform(prefix.begin(), prefix.end(), prefix.begin(), ::toupper);
+        CHECK(std::string(q.name).rfind(prefix, 0) == 0);
         CHECK(names.insert(q.name).second);
         REQUIRE(q.type != nullptr);
         CHECK(types.contains(q.type));

@@ -107,7 +107,13 @@ class Session {
   // calls wake after it completed a request (net.h), so `test` may see the end first.
   uint64_t wakes_past(uint64_t seen, std::chrono::milliseconds limit);
 
+  // One progress call here and one in the partner: the other end of this process's pair
+  // (connect_pair), which a provider without threads of its own (HMC_NET_CAP_POLLED)
+  // moves only inside its calls, as a host's rank would.
+  void progress();
+
   const hmc_net_provider_t* p = nullptr;
+  Session* partner = nullptr;
   void* state = nullptr;
   int init_rc = HMC_PROV_ERR_INTERNAL;
   std::string reason;

@@ -299,11 +299,22 @@ TEST_CASE("net: close_conn while other threads send: every request ends, no hang
     std::atomic<bool> closed{false};
     std::atomic<int> bad{0};   // a request that timed out or failed with another code
     std::atomic<int> sent{0};  // requests that completed
+    // A provider whose sends go on succeeding after close_conn would keep the senders
+    // going: each gives up (and counts as bad) a timeout after the close.
+    std::atomic<Clock::rep> closed_at{0};
+    auto too_late = [&] {
+      return closed.load() && Clock::now().time_since_epoch().count() - closed_at.load() >
+                                  std::chrono::duration_cast<Clock::duration>(timeout()).count();
+    };
     std::vector<std::thread> senders;
     for (int th = 0; th < kThreads; ++th) {
       senders.emplace_back([&, th] {
         const auto msg = random_bytes(th == 0 ? 100 : (th == 1 ? 4000 : 200000), 50 + th);
         while (true) {
+          if (too_late()) {
+            ++bad;
+            return;
+          }
           void* req = nullptr;
           int rc = s.p->send_msg(s.state, link.a, msg.data(), msg.size(), &req);
           if (rc < 0) {
@@ -331,6 +342,7 @@ TEST_CASE("net: close_conn while other threads send: every request ends, no hang
       }
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    closed_at = Clock::now().time_since_epoch().count();
     closed = true;
     REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);
     for (auto& th : senders) th.join();

@@ -139,11 +139,18 @@ bool Session::open(const std::string& plugin, Config config) {
 }
 
 void Session::close() {
+  if (partner != nullptr && partner->partner == this) partner->partner = nullptr;
+  partner = nullptr;
   if (p != nullptr && state != nullptr) p->fini(state);
   state = nullptr;
   if (dl_ != nullptr) dlclose(dl_);
   dl_ = nullptr;
   p = nullptr;
+}
+
+void Session::progress() {
+  p->progress(state);
+  if (partner != nullptr && partner->state != nullptr) partner->p->progress(partner->state);
 }
 
 void Session::nap(std::chrono::milliseconds limit) {
@@ -180,7 +187,7 @@ Outcome Session::wait(void* req, std::chrono::milliseconds limit, int spins) {
       out.timed_out = true;
       return out;
     }
-    p->progress(state);
+    progress();
     if (spins == kBusyPoll) continue;
     if (spins > 0 && round < static_cast<uint64_t>(spins)) {
       std::this_thread::yield();
@@ -206,7 +213,7 @@ void* Session::accept(void* listener, std::vector<char>* hello, bool keep) {
       return conn;
     }
     if (rc < 0) return nullptr;
-    p->progress(state);
+    progress();
     nap(std::chrono::milliseconds(5));
   }
   return nullptr;
@@ -216,7 +223,7 @@ int Session::wait_connected(void* conn) {
   const auto deadline = Clock::now() + timeout();
   int rc = p->conn_status(state, conn);
   while (rc == HMC_PROV_IN_PROGRESS && Clock::now() < deadline) {
-    p->progress(state);
+    progress();
     nap(std::chrono::milliseconds(5));
     rc = p->conn_status(state, conn);
   }

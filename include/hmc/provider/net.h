@@ -21,7 +21,9 @@
  * that `test` polls. Providers that need the host's thread to advance call it
  * from `progress`; providers with threads of their own call host->wake after
  * completing a request. `test` releases the request once it reports done or an
- * error. `close_conn` fails every pending request of that connection.
+ * error. `close_conn` fails every pending request of that connection; a call
+ * that names the connection after it (one that raced it on another thread) fails
+ * with HMC_PROV_ERR_CLOSED.
  */
 #ifndef HMC_PROVIDER_NET_H
 #define HMC_PROVIDER_NET_H
