@@ -92,25 +92,24 @@ refused "--device 'emu@5': names rank 5, but the job has 2 ranks" \
 # No launcher: a world of one, checked by the rank itself (pick_device).
 refused "--device 'emu@1': names rank 1, but the job has 1 rank" "$bench" all_reduce -b 8 -e 8 -n 1 -w 0 -g emu@1
 
+judged() {  # judged WHAT RC WANT_RC PATTERN: a run that must end with WANT_RC and PATTERN in its output
+  local what=$1 rc=$2 want=$3 pattern=$4
+  if [ "$rc" -eq "$want" ] && grep -Eq -- "$pattern" "$out"; then
+    echo "ok: $what"
+  else
+    echo "FAILED: $what (exit $rc, want $want and '$pattern')"; cat "$out"; fail=1
+  fi
+  leftovers "$what"
+}
+
 # 2^31 - 1 timed round trips after 10 untimed: still running at the 3 s deadline.
 timeout 60 "$probe" --local 2 -b 64K -n 2 --lat-iters 2147483647 --lat-warmup 10 --timeout 3 > "$out" 2>&1
-rc=$?
-if [ "$rc" -eq 124 ] && grep -q "still running after 3 s" "$out"; then
-  echo "ok: --lat-iters 2147483647 --lat-warmup 10 runs until the deadline"
-else
-  echo "FAILED: --lat-iters 2147483647 --lat-warmup 10 (exit $rc, want 124 at the deadline)"; cat "$out"; fail=1
-fi
-leftovers "--lat-iters 2147483647"
+judged "--lat-iters 2147483647 --lat-warmup 10 runs until the deadline" $? 124 "still running after 3 s"
 
 # The memcpy reference at 1 B, 25600 copies (the last writes 255).
 timeout 60 "$probe" --local 2 -b 1 -n 25600 --lat-iters 10 --timeout 50 > "$out" 2>&1
-rc=$?
-if [ "$rc" -eq 0 ] && grep -Eq 'memcpy ([0-9]*[1-9][0-9]*\.[0-9]+|[0-9]+\.[0-9]*[1-9][0-9]*) GB/s' "$out"; then
-  echo "ok: memcpy reference above zero at 1 B ($(grep -Eo 'memcpy [0-9.]+ GB/s' "$out"))"
-else
-  echo "FAILED: memcpy reference at 1 B (exit $rc, want 0 and a figure above zero)"; cat "$out"; fail=1
-fi
-leftovers "-b 1 -n 25600"
+judged "memcpy reference above zero at 1 B" $? 0 'memcpy ([0-9]*[1-9][0-9]*\.[0-9]+|[0-9]+\.[0-9]*[1-9][0-9]*) GB/s'
+
 # SIGTERM while the ranks run: they are killed, and the tool ends with 128 + 15.
 "$probe" --local 2 -b 64K -n 2 --lat-iters 2147483647 --lat-warmup 10 --timeout 50 > "$out" 2>&1 &
 tool=$!
@@ -122,11 +121,5 @@ kill -TERM "$tool"
 for _ in $(seq 100); do kill -0 "$tool" 2>/dev/null || break; sleep 0.1; done
 kill -KILL "$tool" 2>/dev/null
 wait "$tool"
-rc=$?
-if [ "$rc" -eq 143 ] && grep -q "Terminated; killing 2 rank(s)" "$out"; then
-  echo "ok: SIGTERM kills the ranks first"
-else
-  echo "FAILED: SIGTERM (exit $rc, want 143 and the ranks killed)"; cat "$out"; fail=1
-fi
-leftovers "SIGTERM"
+judged "SIGTERM kills the ranks first" $? 143 "Terminated; killing 2 rank\(s\)"
 exit $fail
