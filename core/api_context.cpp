@@ -82,15 +82,18 @@ std::chrono::milliseconds default_timeout(const core::Operation& op) {
   return engine ? engine->default_timeout : std::chrono::milliseconds(0);
 }
 
-// Request::wait against a deadline; `timeout` only names it in the error.
-Status wait_op(core::Operation& op, Clock::time_point deadline, std::chrono::milliseconds timeout) {
+// Request::wait against a deadline; `timeout` only names it in the error, `by_default`
+// whether it was HMC_TIMEOUT.
+Status wait_op(core::Operation& op, Clock::time_point deadline, std::chrono::milliseconds timeout, bool by_default) {
   if (op.done()) return op.status();
   auto* engine = op.engine();
   // The context is gone: its providers (which a pass would poll) with it.
   if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
   if (!engine->wait_until([&] { return op.done(); }, deadline)) {
     if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
-    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms (HMC_TIMEOUT)"};
+    if (timeout.count() <= 0) return {ErrorCode::kTimeout, "operation not finished (a wait of 0 ms or less only looks)"};
+    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms" +
+                                     (by_default ? " (HMC_TIMEOUT)" : "")};
   }
   return op.status();
 }
@@ -99,12 +102,13 @@ Status wait_op(core::Operation& op, Clock::time_point deadline, std::chrono::mil
 
 Status Request::wait() {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  return wait(default_timeout(*op_));
+  const auto timeout = default_timeout(*op_);
+  return wait_op(*op_, core::deadline_after(timeout), timeout, true);
 }
 
 Status Request::wait(std::chrono::milliseconds timeout) {
   if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  return wait_op(*op_, core::deadline_after(timeout), timeout);
+  return wait_op(*op_, core::deadline_after(timeout), timeout, false);
 }
 
 bool Request::test() {
@@ -130,7 +134,7 @@ static Status wait_all(Request* requests, std::size_t n, const std::chrono::mill
       s = Status(ErrorCode::kInvalidArgument, "wait on an empty request");
     } else {
       const auto t = timeout ? *timeout : default_timeout(*op);
-      s = wait_op(*op, core::deadline_after(t, start), t);
+      s = wait_op(*op, core::deadline_after(t, start), t, timeout == nullptr);
     }
     if (!s.ok() && first.ok()) first = s;
   }

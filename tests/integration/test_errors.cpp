@@ -65,7 +65,12 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
     // Nothing sent on tag 99: the wait ends at its deadline, the request stays usable.
     Request never = e.comm.irecv(buf.data(), 4, peer, 99);
     auto t0 = Clock::now();
-    HMC_EXPECT(never.wait(std::chrono::milliseconds(200)).code() == ErrorCode::kTimeout, "deadline");
+    Status late = never.wait(std::chrono::milliseconds(200));
+    HMC_EXPECT(late.code() == ErrorCode::kTimeout && late.message().find("after 200 ms") != std::string::npos &&
+                   late.message().find("HMC_TIMEOUT") == std::string::npos,
+               "deadline: " + late.to_string());
+    HMC_EXPECT(never.wait(std::chrono::milliseconds(-5)).message().find("only looks") != std::string::npos,
+               "a negative wait");
     HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(2), "deadline overrun");
     HMC_EXPECT(!never.test(), "request completed without a sender");
     // Size mismatch, eager and rendezvous: the receive fails, a rendezvous send too.
