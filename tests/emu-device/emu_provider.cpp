@@ -69,6 +69,9 @@ constexpr hmc_param_t kParams[] = {
      "had at the same address, as CUDA does (cudaErrorAlreadyMapped) when the exporter's "
      "allocator reuses a block the importer still maps, noting \"ipc_import_refused\"; 0: it "
      "imports"},
+    {"HMC_EMU_FULL_NAMES", "int", "0",
+     "1: device_info fills vendor, model and PCI id to their ends with no NUL (a host must not read "
+     "past them)"},
     {"HMC_EMU_REGISTER_LOG", "string", "",
      "file that host_register/host_unregister append their events to, ipc_export/ipc_import "
      "each success (with the bytes of the range), and fini the streams, events and flags the "
@@ -172,7 +175,8 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
   s->host = *host;
   s->cpu.wide = hmc::cpu::wide_kernels_supported();
   long devices = 2;
-  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0, queues = 0, wide_frees = 0, export_foreign = 1, same_address = 1;
+  long delay = 0, fail_op = 0, stream_wake = 1, query_lag = 0, queues = 0, wide_frees = 0, export_foreign = 1, same_address = 1,
+       full_names = 0;
   s->memory = uint64_t{4} << 30;
   int rc = HMC_PROV_ERR_INVALID;
   if (read_int(*host, "HMC_EMU_DEVICES", 1, 64, &devices, reason, reason_len) &&
@@ -184,7 +188,9 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
       read_int(*host, "HMC_EMU_QUEUES", 0, 128, &queues, reason, reason_len) &&
       read_int(*host, "HMC_EMU_DEVICE_WIDE_FREES", 0, 1, &wide_frees, reason, reason_len) &&
       read_int(*host, "HMC_EMU_EXPORT_FOREIGN", 0, 1, &export_foreign, reason, reason_len) &&
-      read_int(*host, "HMC_EMU_IMPORT_SAME_ADDRESS", 0, 1, &same_address, reason, reason_len)) {
+      read_int(*host, "HMC_EMU_IMPORT_SAME_ADDRESS", 0, 1, &same_address, reason, reason_len) &&
+      read_int(*host, "HMC_EMU_FULL_NAMES", 0, 1, &full_names, reason, reason_len)) {
+    s->full_names = full_names != 0;
     s->import_same_address = same_address != 0;
     s->device_wide_frees = wide_frees != 0;
     s->export_foreign = export_foreign != 0;
@@ -258,6 +264,11 @@ int device_info(void* state, int device, hmc_device_info_t* info) {
   info->struct_size = sizeof(hmc_device_info_t);
   std::snprintf(info->vendor, sizeof(info->vendor), "emu");
   std::snprintf(info->model, sizeof(info->model), "HMC emulated device");
+  if (s->full_names) {
+    std::memset(info->vendor, 'v', sizeof(info->vendor));
+    std::memset(info->model, 'm', sizeof(info->model));
+    std::memset(info->pci_bus_id, 'p', sizeof(info->pci_bus_id));
+  }
   info->numa_node = -1;
   info->mem_kind = HMC_MEM_DEVICE;
   info->memory_bytes = s->memory;

@@ -64,6 +64,7 @@ struct State {
   uint32_t query_lag_us = 0;  // HMC_EMU_QUERY_LAG_US
   bool export_foreign = true;  // HMC_EMU_EXPORT_FOREIGN
   bool import_same_address = true;  // HMC_EMU_IMPORT_SAME_ADDRESS
+  bool full_names = false;           // HMC_EMU_FULL_NAMES
   uint64_t fail_op = 0;     // HMC_EMU_FAIL_STREAM_OP: this stream operation (1-based) fails
   uint32_t queues = 0;      // HMC_EMU_QUEUES: hardware queues per device (0: one per stream)
   bool device_wide_frees = false;  // HMC_EMU_DEVICE_WIDE_FREES

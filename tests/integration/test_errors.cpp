@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "hmc/provider/device.h"
 #include "multiprocess.h"
 
 extern char** environ;
@@ -514,6 +515,23 @@ TEST_CASE("malformed settings and unknown providers are refused", "[errors][conf
 // after them. Rank 0 stays out of HMC until the end is known (no progress runs meanwhile).
 // Each would have become another number (a size of 2^32 + 1 became 1, port 65536 became 0)
 // and failed, if at all, at the bootstrap's deadline.
+// A device provider that fills its texts to the end leaves no NUL: the host reads no further.
+TEST_CASE("a device's vendor, model and PCI id are read no further than their fields", "[errors]") {
+  auto ctx = Context::create(
+      {{{"HMC_PROVIDER_PATH", HMC_TEST_PROVIDERS_DIR}, {"HMC_PROVIDERS", "cpu,emu"}, {"HMC_EMU_FULL_NAMES", "1"}}});
+  REQUIRE(ctx.ok());
+  const hmc_device_info_t raw{};
+  int emus = 0;
+  for (const auto& d : ctx->devices()) {
+    if (d.id.provider != "emu") continue;
+    ++emus;
+    CHECK(d.vendor == std::string(sizeof(raw.vendor), 'v'));
+    CHECK(d.model == std::string(sizeof(raw.model), 'm'));
+    CHECK(d.pci_bus_id == std::string(sizeof(raw.pci_bus_id), 'p'));
+  }
+  CHECK(emus > 0);
+}
+
 TEST_CASE("from_env refuses ranks, sizes and ports out of range at once", "[errors][config]") {
   const std::vector<std::map<std::string, std::string>> bad = {
       {{"HMC_RANK", "0"}, {"HMC_WORLD_SIZE", "4294967297"}, {"HMC_ROOT", "127.0.0.1:29411"}},
