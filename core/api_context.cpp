@@ -1,6 +1,7 @@
 // The public Context, Memory, MemoryRegion, Request and UniqueId: thin shells over core.
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "core/bootstrap.h"
 #include "core/context_impl.h"
@@ -77,39 +78,27 @@ RemoteKey MemoryRegion::pack() const { return reg_ ? RemoteKey{reg_->pack()} : R
 
 namespace {
 
-std::chrono::milliseconds default_timeout(const core::Operation& op) {
-  auto* engine = op.engine();
-  return engine ? engine->default_timeout : std::chrono::milliseconds(0);
-}
-
-// Request::wait against a deadline; `timeout` only names it in the error, `by_default`
-// whether it was HMC_TIMEOUT.
-Status wait_op(core::Operation& op, Clock::time_point deadline, std::chrono::milliseconds timeout, bool by_default) {
-  if (op.done()) return op.status();
-  auto* engine = op.engine();
+// A wait of `op` until `given` (HMC_TIMEOUT without it) after `start`.
+Status wait_op(const core::Operation* op, std::optional<std::chrono::milliseconds> given, Clock::time_point start) {
+  if (!op) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
+  if (op->done()) return op->status();
+  auto* engine = op->engine();
+  const auto timeout = given.value_or(engine->default_timeout);
   // The context is gone: its providers (which a pass would poll) with it.
   if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
-  if (!engine->wait_until([&] { return op.done(); }, deadline)) {
+  if (!engine->wait_until([&] { return op->done(); }, core::deadline_after(timeout, start))) {
     if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
     if (timeout.count() <= 0) return {ErrorCode::kTimeout, "operation not finished (a wait of 0 ms or less only looks)"};
     return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms" +
-                                     (by_default ? " (HMC_TIMEOUT)" : "")};
+                                     (given ? "" : " (HMC_TIMEOUT)")};
   }
-  return op.status();
+  return op->status();
 }
 
 }  // namespace
 
-Status Request::wait() {
-  if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  const auto timeout = default_timeout(*op_);
-  return wait_op(*op_, core::deadline_after(timeout), timeout, true);
-}
-
-Status Request::wait(std::chrono::milliseconds timeout) {
-  if (!op_) return {ErrorCode::kInvalidArgument, "wait on an empty request"};
-  return wait_op(*op_, core::deadline_after(timeout), timeout, false);
-}
+Status Request::wait() { return wait_op(op_.get(), std::nullopt, Clock::now()); }
+Status Request::wait(std::chrono::milliseconds timeout) { return wait_op(op_.get(), timeout, Clock::now()); }
 
 bool Request::test() {
   if (!op_) return true;
@@ -124,26 +113,19 @@ std::size_t Request::bytes() const { return op_ ? op_->bytes() : 0; }
 
 // One deadline for all, counted from the call: each request's own HMC_TIMEOUT, or
 // `timeout`. Past it, the rest are only looked at.
-static Status wait_all(Request* requests, std::size_t n, const std::chrono::milliseconds* timeout) {
+static Status wait_all(Request* requests, std::size_t n, std::optional<std::chrono::milliseconds> timeout) {
   const auto start = Clock::now();
   Status first;
   for (std::size_t i = 0; i < n; ++i) {
-    const auto& op = core::op_of(requests[i]);
-    Status s;
-    if (!op) {
-      s = Status(ErrorCode::kInvalidArgument, "wait on an empty request");
-    } else {
-      const auto t = timeout ? *timeout : default_timeout(*op);
-      s = wait_op(*op, core::deadline_after(t, start), t, timeout == nullptr);
-    }
+    Status s = wait_op(core::op_of(requests[i]).get(), timeout, start);
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
 }
 
-Status wait_all(Request* requests, std::size_t n) { return wait_all(requests, n, nullptr); }
+Status wait_all(Request* requests, std::size_t n) { return wait_all(requests, n, std::nullopt); }
 Status wait_all(Request* requests, std::size_t n, std::chrono::milliseconds timeout) {
-  return wait_all(requests, n, &timeout);
+  return wait_all(requests, n, std::optional(timeout));
 }
 
 std::string UniqueId::to_string() const {
