@@ -654,6 +654,13 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     lock.lock();
   };
+  // A UCP request's end (UCS_INPROGRESS at the deadline); nullptr: done at once.
+  auto settled = [&](void* r) {
+    if (r == nullptr) return UCS_OK;
+    if (!UCS_PTR_IS_PTR(r)) return UCS_PTR_STATUS(r);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) look();
+    return ucp_request_check_status(r);
+  };
   // fini: an endpoint whose operations UCX still holds (a peer stopped, not gone, takes
   // nothing) never ends a flushing close, and UCX 1.13 aborts the process in
   // ucp_worker_destroy on such an endpoint (requests still on it). What has not moved by
@@ -676,20 +683,14 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
     if (!gone) {
       ucp_request_param_t none{};
       void* flushing = ucp_ep_flush_nbx(ep, &none);
-      while (UCS_PTR_IS_PTR(flushing) && ucp_request_check_status(flushing) == UCS_INPROGRESS &&
-             Clock::now() < deadline)
-        look();
-      flushed = flushing == nullptr || (UCS_PTR_IS_PTR(flushing) && ucp_request_check_status(flushing) == UCS_OK);
+      flushed = settled(flushing) == UCS_OK;
       if (UCS_PTR_IS_PTR(flushing)) ucp_request_free(flushing);
     }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flushed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     closing = ucp_ep_close_nbx(ep, &p);
-    while (UCS_PTR_IS_PTR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
-           Clock::now() < deadline) {
-      look();
-    }
+    settled(closing);
   }
   // Nothing may touch the caller's buffers once we return: wait (bounded) for
   // UCP to give back every operation of this connection that uses them.
