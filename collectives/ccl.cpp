@@ -9,7 +9,6 @@
 #include <iterator>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collectives/call.h"
@@ -277,15 +276,13 @@ std::optional<Request> CclLink::behind(CollKind kind, const CollOptions& opt, co
 }
 
 bool CclLink::settle() {
-  const auto until = core::deadline_after(engine_->default_timeout);
-  while (state_.load() == State::kDeciding) {
-    if (Clock::now() > until) return false;
-    if (!conclude()) {
-      engine_->progress();
-      std::this_thread::yield();
-    }
-  }
-  return true;
+  // As any wait: progress, then sleep until a wake once nothing moves (it spun a core).
+  return engine_->wait_until(
+      [&] {
+        conclude();
+        return state_.load() != State::kDeciding;
+      },
+      core::deadline_after(engine_->default_timeout));
 }
 
 bool CclLink::conclude() {
