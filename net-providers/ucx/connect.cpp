@@ -197,7 +197,10 @@ bool Provider::finish_handshake(Conn& c) {
   ep.err_handler.cb = on_error_callback;
   ep.err_handler.arg = this;
   if (!peer_errors_) ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
-  ucs_status_t s = ucp_ep_create(worker_, &ep, &c.ep);
+  ucs_status_t s = UCS_OK;
+  auto shared = peer_errors_ ? shared_eps_.end() : shared_eps_.find(c.peer_worker);
+  if (shared != shared_eps_.end()) c.ep = shared->second;
+  else if (s = ucp_ep_create(worker_, &ep, &c.ep); s == UCS_OK && !peer_errors_) shared_eps_.emplace(c.peer_worker, c.ep);
   c.peer_worker.clear();
   if (s != UCS_OK) {
     c.ep = nullptr;

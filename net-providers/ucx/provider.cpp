@@ -559,14 +559,15 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   for (auto& [seq, m] : c.inbox) drop(m);
   c.inbox.clear();
   drop_keys(c);
-  if (c.ep != nullptr) {
+  if (c.ep != nullptr && peer_errors_) {  // a shared endpoint (mode NONE) stays
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* r = ucp_ep_close_nbx(c.ep, &p);
-    c.ep = nullptr;
     if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+    else if (UCS_PTR_IS_ERR(r)) refused_close(c, UCS_PTR_STATUS(r));
   }
+  c.ep = nullptr;
   if (c.fd >= 0) close(c.fd);
   c.fd = -1;
   wake_later();
@@ -678,7 +679,8 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
     // Flushed first, then closed by force: with peer failure handling on, UCX keeps the
     // transport endpoints of a flushing close while the connection lives (over tcp, one
     // socket per communicator ever made, on both sides). A flush that has not ended by the
-    // deadline leaves the close in flush mode (see above).
+    // deadline leaves the close in flush mode (see above). A shared endpoint (mode NONE) is
+    // only flushed: what this connection sent arrives before its lifeline ends.
     bool flushed = gone;
     if (!gone) {
       ucp_request_param_t none{};
@@ -686,11 +688,14 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
       flushed = settled(flushing) == UCS_OK;
       if (UCS_PTR_IS_PTR(flushing)) ucp_request_free(flushing);
     }
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = flushed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    closing = ucp_ep_close_nbx(ep, &p);
-    settled(closing);
+    if (peer_errors_) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = flushed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      closing = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_ERR(closing)) refused_close(*c, UCS_PTR_STATUS(closing));
+      settled(closing);
+    }
   }
   // Nothing may touch the caller's buffers once we return: wait (bounded) for
   // UCP to give back every operation of this connection that uses them.
@@ -708,6 +713,12 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   auto it = conns_.find(c->id);
   retire(std::move(it->second));
   conns_.erase(it);
+}
+
+// A close that UCX refused leaves its endpoint, and what it holds, until fini: say so.
+void Provider::refused_close(const Conn& c, ucs_status_t s) {
+  host_.log(HMC_LOG_WARN, "ucp_ep_close_nbx refused for " + c.peer + ": " + ucs_status_string(s) +
+                              " (the endpoint stays until the context ends)");
 }
 
 void Provider::on_ep_error(ucp_ep_h ep, ucs_status_t status) {

@@ -314,6 +314,7 @@ class Provider {
   void on_op_done(Op* op, ucs_status_t status, size_t length);
   void on_ep_error(ucp_ep_h ep, ucs_status_t status);
   void lose(Conn& c, ucs_status_t status);
+  void refused_close(const Conn& c, ucs_status_t s);
   // Endpoint error callback. UCX 1.13 may run it from another worker's progress
   // (two providers of one process connected over tcp), even after this
   // provider is gone: so it goes through a registry of live providers and a
@@ -428,6 +429,13 @@ class Provider {
   std::unordered_map<uint64_t, std::unique_ptr<Region>> regions_;  // by id
   std::map<uintptr_t, std::shared_ptr<Mapping>> allocations_;  // mem_alloc's, by base address
   std::vector<void*> closing_;  // ep closes in flight
+  // Mode NONE (shared-memory transports only): one endpoint per peer worker, shared by
+  // every connection to it and kept until ucp_worker_destroy. UCX 1.13 frees such an
+  // endpoint only there (it refuses a forced close and keeps one closed by flush), and each
+  // maps the peer's segments anew: an endpoint per connection left 2-3 mappings and up to
+  // 180 KB resident per communicator ever made. Messages name their connection, so
+  // connections can share one.
+  std::map<std::vector<char>, ucp_ep_h> shared_eps_;
   // Ops of closed connections that UCX still holds (a rendezvous receive whose sender died
   // is never handed back): freed by their late callback, or after ucp_worker_destroy.
   std::set<Op*> orphans_;
