@@ -670,7 +670,8 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
     while (!c->ops.empty() && Clock::now() < cap) look();
     if (!c->ops.empty()) {
       host_.log(HMC_LOG_WARN, "fini: " + c->peer + " took nothing for " + std::to_string(c->ops.size()) +
-                                  " operation(s); its endpoint is closed by force");
+                                  " operation(s); " +
+                                  (peer_errors_ ? "its endpoint is closed by force" : "they end with the worker"));
       gone = true;
     }
   }
