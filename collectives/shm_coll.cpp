@@ -221,14 +221,20 @@ class ShmColl final : public DriverOp {
   }
 
   // `len` bytes at `at` in rank r's input of round s, read from its memory (cross-memory
-  // attach).
+  // attach). One call moves at most 2 GiB - 4 KiB (Linux's MAX_RW_COUNT): larger blocks
+  // take several.
   Status read_from(int r, uint64_t s, std::size_t at, uint8_t* to, std::size_t len) {
     const uint64_t from = word(segs_->of(r), seq_off(slot(s)) + 8).load(std::memory_order_relaxed) + at;
-    iovec local{to, len}, remote{reinterpret_cast<void*>(from), len};
-    const ssize_t got = process_vm_readv(segs_->pid(r), &local, 1, &remote, 1, 0);
-    if (got == static_cast<ssize_t>(len)) return {};
-    return {ErrorCode::kInternal, "cross-memory read of " + std::to_string(len) + " bytes from rank " +
-                                      std::to_string(r) + ": " + (got < 0 ? std::strerror(errno) : "short read")};
+    for (std::size_t done = 0; done < len;) {
+      iovec local{to + done, len - done}, remote{reinterpret_cast<void*>(from + done), len - done};
+      const ssize_t got = process_vm_readv(segs_->pid(r), &local, 1, &remote, 1, 0);
+      if (got <= 0)
+        return {ErrorCode::kInternal, "cross-memory read of " + std::to_string(len) + " bytes from rank " +
+                                          std::to_string(r) + " stopped after " + std::to_string(done) + ": " +
+                                          (got < 0 ? std::strerror(errno) : "nothing read")};
+      done += static_cast<std::size_t>(got);
+    }
+    return {};
   }
 
   // One step of the current round, if the other ranks are there; `moved` says so.

@@ -32,4 +32,5 @@ cd "$build"
 # Open MPI) are not instrumented and the plain run covers them.
 # Label "repeat": a suite run again over a second transport or buffer placement whose code
 # another test covers (tests/ucx, tests/device); the plain run keeps it.
-ctest --output-on-failure --timeout 900 -LE "timing|bench|repeat" "$@"
+# Label "bigmem": needs 16 GiB available (skipped below that); the plain run keeps it.
+ctest --output-on-failure --timeout 900 -LE "timing|bench|repeat|bigmem" "$@"
