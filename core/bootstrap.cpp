@@ -95,7 +95,9 @@ class Bootstrap::Impl {
   void retry(std::string why);
   void on_frame(Link& link, Type type, std::vector<uint8_t>& payload);
   void on_gather(Link& link, wire::Reader& in);
-  void on_close(const std::string& why);
+  // `from`: the link that closed (nullptr: a protocol error, final). Before the welcome a
+  // close is retried, as a failed connect is.
+  void on_close(const std::string& why, const Link* from = nullptr);
   void protocol_error(Link& link, const std::string& what);
   void post_send(wire::Frame frame);
   void post_close();
@@ -190,7 +192,7 @@ void Bootstrap::Impl::attempt() {
       link_ = std::make_shared<Link>(std::move(*socket));
       link_->set_max_payload(wire::kMaxPayload);
       link_->start([this](Link& l, Type t, std::vector<uint8_t>& p) { on_frame(l, t, p); },
-                   [this](Link&, const std::string& why, bool) { on_close(why); });
+                   [this](Link& l, const std::string& why, bool) { on_close(why, &l); });
       {
         std::lock_guard lock(mu_);
         local_ip_ = ec ? std::string() : local.address().to_string();
@@ -321,10 +323,19 @@ void Bootstrap::Impl::protocol_error(Link& link, const std::string& what) {
   on_close(fmt::format("the root sent {}", what));
 }
 
-void Bootstrap::Impl::on_close(const std::string& why) {
+void Bootstrap::Impl::on_close(const std::string& why, const Link* from) {
   bool changed = false;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    if (phase_ == Phase::kConnecting && from != nullptr) {
+      // A root crowded by strangers closes its oldest connections; a root that is not
+      // HMC's closes at once and the wait ends at the deadline with this reason.
+      if (from != link_.get()) return;  // an earlier attempt's
+      lock.unlock();
+      return retry(fmt::format("the root closed the connection before answering the hello ({}); is it the root "
+                               "of this job?",
+                               why));
+    }
     if (phase_ == Phase::kConnecting) {
       phase_ = Phase::kRefused;
       refusal_ = Status(ErrorCode::kRefused,

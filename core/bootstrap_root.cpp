@@ -4,6 +4,7 @@
 // thread takes it briefly to publish and never holds it during I/O.
 #include <pthread.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -24,9 +25,10 @@ using wire::Link;
 using wire::Type;
 
 constexpr auto kHelloTimeout = 10s;   // a connection that has not said hello by then is dropped
-// Connections waiting for their hello beyond the job's ranks: more are closed at once, so
-// that a stranger holding connections open cannot use up the descriptors of rank 0's
-// process (the root lives there); a real rank says hello as soon as it connects.
+// Connections waiting for their hello beyond the job's ranks: past that the oldest is closed
+// for each new one, so that a stranger holding connections open can use up neither the
+// descriptors of rank 0's process (the root lives there) nor the job's way in: a real rank
+// says hello as soon as it connects, before a crowd of idle ones can push it out.
 constexpr std::size_t kSpareStrangers = 128;
 constexpr auto kSweepPeriod = 1s;
 constexpr auto kLinger = 250ms;       // how long the destructor lets queued replies drain
@@ -217,7 +219,8 @@ void BootstrapRoot::Impl::sweep() {
   sweep_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
     if (crowded_out_) {
-      HMC_LOG("boot", warn, "closed {} bootstrap connections at once: {} others were waiting for their hello",
+      HMC_LOG("boot", warn,
+              "closed the {} oldest bootstrap connection(s) without a hello: more than {} were waiting for theirs",
               crowded_out_, strangers_.size());
       crowded_out_ = 0;
     }
@@ -239,9 +242,10 @@ void BootstrapRoot::Impl::sweep() {
 void BootstrapRoot::Impl::on_accept(tcp::socket socket) {
   if (strangers_.size() >= kSpareStrangers + static_cast<std::size_t>(size_)) {
     ++crowded_out_;  // logged by sweep(), once a second at most
-    boost::system::error_code ignored;
-    socket.close(ignored);
-    return;
+    auto oldest = std::min_element(strangers_.begin(), strangers_.end(),
+                                   [](const auto& a, const auto& b) { return a->opened < b->opened; });
+    (*oldest)->close();
+    strangers_.erase(oldest);
   }
   wire::tune_socket(socket);
   auto link = std::make_shared<Link>(std::move(socket));

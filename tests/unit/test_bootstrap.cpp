@@ -2,6 +2,7 @@
 // root listens on 127.0.0.1 with an ephemeral port. Catch2 assertions are not thread-safe, so
 // rank threads record what they saw and the test thread checks it. Every wait has a short
 // deadline so that a bug fails a test instead of hanging it.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -280,28 +281,37 @@ TEST_CASE("bootstrap root hangs up on garbage and oversized frames", "[bootstrap
 }
 
 // A stranger holding connections open without a hello: past kSpareStrangers (128) plus
-// the job's size the root closes new ones at once, so that they cannot use up the
-// descriptors of rank 0's process; once the idle ones go, ranks join as before.
-TEST_CASE("bootstrap root closes connections beyond its spare ones while strangers idle", "[bootstrap]") {
+// the job's size the root closes the oldest for each new one, so that they can use up
+// neither the descriptors of rank 0's process nor the job's way in. Before, the newcomer
+// was closed: 130 idle connections kept every rank out (a rank took that as final).
+TEST_CASE("bootstrap ranks join while strangers hold more idle connections than the root keeps", "[bootstrap]") {
   Job job;
   asio::io_context io;
   std::vector<std::unique_ptr<asio::ip::tcp::socket>> idle;
-  for (int i = 0; i < 128; ++i) {
+  for (int i = 0; i < 200; ++i) {
     idle.push_back(std::make_unique<asio::ip::tcp::socket>(io));
     boost::system::error_code ec;
     idle.back()->connect({asio::ip::make_address("127.0.0.1"), job.root->port()}, ec);
     REQUIRE_FALSE(ec);
   }
-  // Accepted in the background: keep knocking until the root turns one away at once
-  // (a bare "GET" that a root under its limit would keep for its 10 s hello timeout).
-  const std::vector<uint8_t> get = {'G', 'E', 'T'};
-  CHECK(eventually([&] { return root_hangs_up(job.root->port(), get); }, 3s));
-  idle.clear();
-  auto boot = job.join(0, 1);
-  REQUIRE(boot.ok());
-  auto all = boot.value()->allgather({7}, in(5s));
-  REQUIRE(all.ok());
-  CHECK(all.value() == Blobs{{7}});
+  // Accepted in the background: the first one is closed once the 200th is taken.
+  std::array<uint8_t, 8> buf{};
+  bool first_closed = false;
+  idle.front()->async_read_some(asio::buffer(buf), [&](boost::system::error_code e, size_t) {
+    first_closed = e == asio::error::eof || e == asio::error::connection_reset;
+  });
+  io.run_for(3s);
+  CHECK(first_closed);
+  std::string seen[2];  // what each rank met, empty if all went well
+  run_ranks(2, [&](int r) {
+    auto boot = job.join(r, 2);
+    if (!boot.ok()) return void(seen[r] = boot.status().to_string());
+    auto all = boot.value()->allgather({static_cast<uint8_t>(r)}, in(5s));
+    if (!all.ok()) seen[r] = all.status().to_string();
+    else if (all.value() != Blobs{{0}, {1}}) seen[r] = "wrong blobs";
+  });
+  CHECK(seen[0] == "");
+  CHECK(seen[1] == "");
 }
 
 TEST_CASE("bootstrap refuses a duplicate rank and a size mismatch with clear messages", "[bootstrap]") {
