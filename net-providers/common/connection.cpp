@@ -40,10 +40,16 @@ Connection::Connection(StreamProvider& owner, Socket socket, std::string peer)
       fd_(socket_.native_handle()),
       peer_(std::move(peer)),
       tx_mode_(owner.uses_rings() ? TxMode::pending : TxMode::socket),
-      rx_ring_(owner.uses_rings() ? owner.make_rx_ring() : nullptr),
       stage_(new char[kStageSize]) {}
 
+void Connection::make_ring() {
+  if (owner_.uses_rings()) rx_ring_ = owner_.make_rx_ring();
+}
+
+void Connection::taken() { make_ring(); }
+
 void Connection::queue_hello(const void* hello, size_t len) {
+  make_ring();
   OutItem item;
   item.hdr = make_header(FrameType::hello, len);
   if (len > 0) {
@@ -59,7 +65,8 @@ void Connection::queue_hello(const void* hello, size_t len) {
 }
 
 // This side's ring (or none): the connector's second frame, after its hello; the
-// acceptor's first, once the hello arrived (no ring for strangers).
+// acceptor's first, once the host took the connection (resume_reading): a stranger gets
+// no ring, and learns nothing of this process's memory.
 void Connection::queue_offer() {
   if (tx_mode_ == TxMode::socket) return;  // the transport has no rings
   const RingOffer offer = rx_ring_ ? rx_ring_->offer() : RingOffer{};

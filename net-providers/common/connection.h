@@ -102,6 +102,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_accepted(HelloHandler on_hello);    // io thread
   // An accepted connection reads nothing after its hello until the host took it (accept):
   // a stranger cannot make this process buffer what it sends before the host checked it.
+  // taken() makes its ring (a stranger costs no ring); resume_reading then offers it.
+  void taken();                                   // the host's thread, before others see it
   void resume_reading();                          // io thread
 
   // Caller threads. Each returns 0 when queued, else the error (no request kept).
@@ -273,8 +275,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool caller_putting_ = false;          // a caller runs one (close() waits for it)
   bool bell_due_ = false;                // the io thread owes the peer a bell
 
-  // This side's ring (set at construction) and the reader's state.
-  const std::unique_ptr<SharedRing> rx_ring_;
+  // This side's ring and the reader's state. The ring is made by queue_hello (connector)
+  // or taken (acceptor), before any other thread sees the connection.
+  void make_ring();
+  std::unique_ptr<SharedRing> rx_ring_;
   std::mutex rx_mu_;
   RingIn ring_in_;
   bool rx_closed_ = false;

@@ -36,6 +36,7 @@ void Connection::start_reading() {
 void Connection::resume_reading() {
   if (!held_ || closed()) return;
   held_ = false;
+  queue_offer();
   read_loop();
 }
 
@@ -278,7 +279,6 @@ bool Connection::finish_payload() {
   switch (sink) {
     case Sink::hello:
       awaiting_hello_ = false;
-      queue_offer();
       if (on_hello_) {
         held_ = true;  // until the host accepts it
         auto cb = std::move(on_hello_);

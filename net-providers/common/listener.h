@@ -35,18 +35,22 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void accept_next();
   void on_hello(const std::shared_ptr<Connection>& conn, bool ok);
   void sweep();  // io thread, once a second: closes connections past their hello's time
+  void report(std::size_t late, std::size_t untaken);  // io thread: what sweep and make_room closed
+  void make_room();  // io thread: closes the oldest waiting connection (strangers.h)
 
   StreamProvider& owner_;
   Acceptor acceptor_;
   std::string addr_;
   boost::asio::steady_timer retry_;
   boost::asio::steady_timer sweep_;
-  const std::size_t max_handshaking_;  // connections waiting for their hello at once
+  const std::size_t max_waiting_;  // connections waiting at once (common/strangers.h)
+  std::size_t crowded_out_ = 0;    // closed by make_room since the last report (io thread)
   bool closed_ = false;  // io thread
   // Connections not yet through their hello, and when each came (io thread).
   std::unordered_map<std::shared_ptr<Connection>, std::chrono::steady_clock::time_point> handshaking_;
   std::mutex mu_;
-  std::deque<std::shared_ptr<Connection>> ready_;
+  // Through their hello, waiting for the host to take them, and when each came (oldest first).
+  std::deque<std::pair<std::shared_ptr<Connection>, std::chrono::steady_clock::time_point>> ready_;
 };
 
 }  // namespace hmc_net

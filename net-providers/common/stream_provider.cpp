@@ -214,6 +214,7 @@ int StreamProvider::accept(void* listener, void** conn, void* hello, size_t hell
   std::shared_ptr<Connection> c;
   int rc = l->pop(c, hello, hello_cap, hello_len);
   if (rc != HMC_PROV_OK) return rc;
+  c->taken();
   {
     std::lock_guard lock(mu_);
     conns_.emplace(c.get(), c);

@@ -9,6 +9,11 @@
 #include "provider.h"
 
 namespace hmc_ucx {
+namespace {
+// How long a listener that ran out of descriptors stops accepting (the thread may sleep
+// longer before it looks again: up to a second).
+constexpr auto kAcceptRest = std::chrono::milliseconds(100);
+}  // namespace
 
 int Provider::listen(const char* host_hint, void* addr, size_t addr_cap, size_t* addr_len,
                      void** listener) {
@@ -65,7 +70,18 @@ int Provider::close_listener(void* listener) {
 void Provider::handle_listener(Listener& l) {
   for (;;) {
     int fd = accept4(l.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      // Out of descriptors: the connection stays queued and the listener readable, so the
+      // thread would try again at once, for ever. It rests for kAcceptRest first.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        host_.log(HMC_LOG_WARN, "accept on " + l.addr + " failed: " + std::strerror(errno) +
+                                    "; the listener rests before it accepts again");
+        epoll_ctl(epoll_, EPOLL_CTL_DEL, l.fd, nullptr);
+        l.paused_until = Clock::now() + kAcceptRest;
+      }
+      return;
+    }
+    make_room(l);
     auto c = std::make_unique<Conn>();
     c->id = next_conn_++;
     c->cookie = random64();
@@ -234,16 +250,51 @@ void Provider::vouch(Conn& c) {
   if (c.state == Conn::kChecking) finish_handshake(c);
 }
 
-// Connections the host never took: closed once they fail, after kStrangerTimeout without a
-// whole handshake (a genuine connector sends it at once), or after kUntakenTimeout with one
+// At the limit of connections waiting (common/strangers.h), the oldest one `l` brought
+// goes; one line a second (drop_strangers) says how many went so.
+void Provider::make_room(Listener& l) {
+  if (max_waiting_ == 0) max_waiting_ = hmc_net::max_waiting_connections();
+  std::size_t waiting = 0;
+  Conn* oldest = nullptr;
+  for (auto& [id, c] : conns_) {
+    if (c->listener != &l || c->closing) continue;
+    ++waiting;
+    if (oldest == nullptr || c->since < oldest->since) oldest = c.get();
+  }
+  if (waiting < max_waiting_ || oldest == nullptr) return;
+  ++crowded_out_;
+  fail(*oldest, HMC_PROV_ERR_CLOSED, "crowded out by newer connections");
+  auto it = conns_.find(oldest->id);
+  retire(std::move(it->second));
+  conns_.erase(it);
+}
+
+// Listeners that rested after running out of descriptors listen again.
+void Provider::resume_listeners() {
+  const auto now = Clock::now();
+  for (auto& [handle, l] : listeners_) {
+    if (l->paused_until == Clock::time_point{} || now < l->paused_until) continue;
+    l->paused_until = {};
+    watch(l->fd, watch_tag(kListen, reinterpret_cast<uintptr_t>(handle)), EPOLLIN);
+  }
+}
+
+// Connections the host never took: closed once they fail, after kHelloWait without a
+// whole handshake (a genuine connector sends it at once), or after kUntakenWait with one
 // (the host may be late to accept, up to its HMC_TIMEOUT). accept() skips ids that are gone.
 void Provider::drop_strangers() {
+  resume_listeners();
   const auto now = Clock::now();
   if (now - swept_ < std::chrono::seconds(1)) return;
   swept_ = now;
+  if (crowded_out_ > 0)
+    host_.log(HMC_LOG_WARN, "closed the " + std::to_string(crowded_out_) +
+                                " oldest connection(s) waiting for their handshake or the host: more than " +
+                                std::to_string(max_waiting_) + " came at once");
+  crowded_out_ = 0;
   for (auto it = conns_.begin(); it != conns_.end();) {
     Conn& c = *it->second;
-    const auto limit = c.state == Conn::kChecking ? kUntakenTimeout : kStrangerTimeout;
+    const auto limit = c.state == Conn::kChecking ? hmc_net::kUntakenWait : hmc_net::kHelloWait;
     if (c.listener == nullptr || c.closing || (c.state != Conn::kFailed && now - c.since < limit)) {
       ++it;
       continue;

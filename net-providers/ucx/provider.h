@@ -35,6 +35,7 @@
 
 #include "common/host.h"
 #include "common/request.h"
+#include "common/strangers.h"
 #include "hmc/provider/net.h"
 #include "lifeline.h"
 
@@ -203,7 +204,7 @@ struct Conn {
   std::string peer;          // "ip:port" for messages
   std::vector<char> hello;
   std::vector<char> peer_worker;  // the peer's UCX worker address, until the endpoint exists
-  Clock::time_point since = Clock::now();  // acceptor: when the connection came, for kStrangerTimeout
+  Clock::time_point since = Clock::now();  // acceptor: when the connection came (drop_strangers)
   ucp_ep_h ep = nullptr;
   int error = 0;
   std::string why;
@@ -221,16 +222,14 @@ struct Conn {
   bool pending = false;  // in the provider's pending_ (mark_pending)
 };
 
-// A connection that has not sent its whole handshake by then is dropped, and one whose
-// hello the host has not taken (accept) by the second: strangers cannot pile up sockets.
-// The second is twice the host's default HMC_TIMEOUT, so a late host still finds its peers.
-inline constexpr auto kStrangerTimeout = std::chrono::seconds(10);
-inline constexpr auto kUntakenTimeout = std::chrono::seconds(120);
-
+// Connections a listener brought wait for their handshake and then for the host within
+// the limits of common/strangers.h (drop_strangers, make_room).
 struct Listener {
   int fd = -1;
   std::string addr;
   std::deque<uint32_t> ready;  // connections whose hello is in, to accept
+  // accept4 failed for want of descriptors: out of the epoll set until then (resume_listeners).
+  Clock::time_point paused_until{};
 };
 
 // The packed remote key: this header, then ucp_rkey_pack's bytes (memory.cpp).
@@ -331,6 +330,8 @@ class Provider {
   bool finish_handshake(Conn& c);
   void vouch(Conn& c);
   void drop_strangers();
+  void make_room(Listener& l);
+  void resume_listeners();
   void watch(int fd, uint64_t tag, uint32_t events);
   Conn* find(void* conn);
   void fail(Conn& c, int code, const std::string& why);
@@ -423,6 +424,8 @@ class Provider {
   hmc_net::RequestTable requests_;
   uint32_t next_conn_ = 1;
   Clock::time_point swept_{};  // drop_strangers' last look
+  std::size_t max_waiting_ = 0;   // common/strangers.h, read at the first accept
+  std::size_t crowded_out_ = 0;   // closed by make_room since drop_strangers last said so
   uint64_t next_region_ = 1, next_put_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<void*, std::unique_ptr<Listener>> listeners_;
