@@ -28,7 +28,10 @@ class Request {
   // Blocks until the operation ends or `timeout` passes (kTimeout; the
   // operation stays pending and keeps using its buffers until it ends). The
   // default is HMC_TIMEOUT; a timeout too long for the clock
-  // (milliseconds::max()) waits without end.
+  // (milliseconds::max()) waits without end. A collective that failed (other
+  // than refused at the call) may still have transfers of its buffers under way
+  // with the ranks that are left: its buffers are HMC's until the communicator
+  // is aborted or finalized (both return once nothing touches them).
   Status wait();
   Status wait(std::chrono::milliseconds timeout);
   // true when finished (successfully or not), false while pending.

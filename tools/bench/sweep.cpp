@@ -189,6 +189,9 @@ Result<std::vector<Row>> run_sweep(Context& ctx, Communicator& comm, const Devic
         for (bool in_place : {false, true}) {
           if (!(in_place ? tr.in_place : tr.out_of_place)) continue;
           auto t = sweep.measure(row, lay, in_place);
+          // A failed collective may still have transfers of the buffers under way with the
+          // peers that are left: the communicator is aborted before the buffers go.
+          if (!t) comm.abort();
           if (!t)
             return Status(t.status().code(), std::string(coll_name(opt.coll)) + " " + dtype_name(dtype) + " " +
                                                  (op ? op_name(*op) : "none") + " " + std::to_string(lay.bytes) +
