@@ -23,6 +23,11 @@ namespace {
 constexpr auto kLinger = std::chrono::microseconds(100);
 // The longest the thread waits between looks at a host that polls (run()).
 constexpr auto kLookMax = std::chrono::microseconds(1000);
+// close_conn's flush gives up where the worker moves nothing for this long (a peer behind a
+// link that is down: UCX itself notices only after its keepalive, minutes), and at once
+// where the flush just before gave up so (an abort closes every peer's connection in turn:
+// 10 s each for four peers behind a downed link made one abort take 40 s).
+constexpr auto kFlushStall = std::chrono::seconds(1);
 
 std::mutex live_mu;
 std::set<const void*> live;  // providers whose endpoints may call back
@@ -649,11 +654,12 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
       std::min(cap, Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10)));
   const auto started = Clock::now();
   auto look = [&] {
-    drive();
-    if (Clock::now() - started < std::chrono::milliseconds(1)) return;
+    const bool moved = drive();
+    if (Clock::now() - started < std::chrono::milliseconds(1)) return moved;
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     lock.lock();
+    return moved;
   };
   // A UCP request's end (UCS_INPROGRESS at the deadline); nullptr: done at once.
   auto settled = [&](void* r) {
@@ -679,20 +685,32 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   if (ep != nullptr) {
     // Flushed first, then closed by force: with peer failure handling on, UCX keeps the
     // transport endpoints of a flushing close while the connection lives (over tcp, one
-    // socket per communicator ever made, on both sides). A flush that has not ended by the
-    // deadline leaves the close in flush mode (see above). A shared endpoint (mode NONE) is
+    // socket per communicator ever made, on both sides). A flush that did not end (by the
+    // deadline, or stalled: kFlushStall) is forced off too: a close left in flush mode
+    // kept its requests, and ucp_worker_destroy then aborted the process at fini
+    // (ucp_ep.c:437, seen after a peer's link went down). A shared endpoint (mode NONE) is
     // only flushed: what this connection sent arrives before its lifeline ends.
-    bool flushed = gone;
     if (!gone) {
       ucp_request_param_t none{};
       void* flushing = ucp_ep_flush_nbx(ep, &none);
-      flushed = settled(flushing) == UCS_OK;
+      auto moved_at = Clock::now();
+      const auto patience = moved_at - flush_stalled_at_ < kFlushStall ? Clock::duration::zero() : kFlushStall;
+      while (UCS_PTR_IS_PTR(flushing) && ucp_request_check_status(flushing) == UCS_INPROGRESS &&
+             Clock::now() < deadline) {
+        if (look()) moved_at = Clock::now();
+        else if (Clock::now() - moved_at >= patience) {
+          flush_stalled_at_ = Clock::now();
+          host_.log(HMC_LOG_INFO, "close_conn: the flush to " + c->peer +
+                                      " moved nothing (kFlushStall); its endpoint is closed by force");
+          break;
+        }
+      }
       if (UCS_PTR_IS_PTR(flushing)) ucp_request_free(flushing);
     }
     if (peer_errors_) {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = flushed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
       closing = ucp_ep_close_nbx(ep, &p);
       if (UCS_PTR_IS_ERR(closing)) refused_close(*c, UCS_PTR_STATUS(closing));
       settled(closing);

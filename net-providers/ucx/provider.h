@@ -426,6 +426,7 @@ class Provider {
   Clock::time_point swept_{};  // drop_strangers' last look
   std::size_t max_waiting_ = 0;   // common/strangers.h, read at the first accept
   std::size_t crowded_out_ = 0;   // closed by make_room since drop_strangers last said so
+  Clock::time_point flush_stalled_at_{};  // when close_conn last gave a flush up (kFlushStall)
   uint64_t next_region_ = 1, next_put_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<void*, std::unique_ptr<Listener>> listeners_;

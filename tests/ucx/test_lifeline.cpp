@@ -233,6 +233,43 @@ TEST_CASE("ucx: close_conn to a stopped peer stalls no other connection", "[ucx]
   CHECK(u.p->close_listener(u.state, listener) == HMC_PROV_OK);
 }
 
+// An abort closes every peer's connection in turn. Peers behind a link that went down take
+// nothing, and UCX notices only after its keepalive: each close waited out its 10 s flush
+// (four such peers: 40 s), and ended in flush mode, whose requests made ucp_worker_destroy
+// abort the process at fini. A flush that moves nothing for a second is given up, the next
+// one at once, and the endpoints are closed by force. Stopped peers stand in for the link.
+TEST_CASE("ucx: closes to peers that take nothing give up their flush, the second at once", "[ucx][close][timing]") {
+  Peer a, b;  // forked before this process loads the plugin
+  REQUIRE(a.ready());
+  REQUIRE(b.ready());
+  Plugin u;
+  if (u.missing()) return;
+  void* to_a = u.connect_up(a.addr, "a");
+  void* to_b = u.connect_up(b.addr, "b");
+  REQUIRE(to_a != nullptr);
+  REQUIRE(to_b != nullptr);
+  REQUIRE(kill(a.pid, SIGSTOP) == 0);
+  REQUIRE(kill(b.pid, SIGSTOP) == 0);
+  std::vector<char> big(4 << 20, 'b');
+  void* stuck_a = nullptr;
+  void* stuck_b = nullptr;
+  REQUIRE(u.p->send_msg(u.state, to_a, big.data(), big.size(), &stuck_a) == HMC_PROV_OK);
+  REQUIRE(u.p->send_msg(u.state, to_b, big.data(), big.size(), &stuck_b) == HMC_PROV_OK);
+  const auto t0 = Clock::now();
+  CHECK(u.p->close_conn(u.state, to_a) == HMC_PROV_OK);
+  const auto t1 = Clock::now();
+  CHECK(u.p->close_conn(u.state, to_b) == HMC_PROV_OK);
+  const auto t2 = Clock::now();
+  const double first = std::chrono::duration<double>(t1 - t0).count(), second = std::chrono::duration<double>(t2 - t1).count();
+  INFO("close_conn took " << first << " s, then " << second << " s");
+  CHECK(first < 4);
+  CHECK(second < 1);
+  CHECK(u.wait(stuck_a) < 0);
+  CHECK(u.wait(stuck_b) < 0);
+  kill(a.pid, SIGCONT);
+  kill(b.pid, SIGCONT);
+}
+
 // With shared memory only no UCX error handler ends a close whose peer dies during it: the
 // close waits its 10 s with the lock let go. The peer's end of the lifeline must not wake
 // the provider's thread all that time (it did, at 100 % of a core, before the lifeline left
