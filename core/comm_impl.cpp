@@ -84,7 +84,8 @@ Status CommImpl::setup(const UniqueId& id) {
     void* listener = nullptr;
     int rc = n->net->listen(n->state, bootstrap_->local_ip().c_str(), addr.data(), addr.size(), &len, &listener);
     if (rc != 0) {
-      HMC_LOG("core", warn, "net provider {} cannot listen (code {}); it is left out of this communicator", n->name, rc);
+      HMC_LOG("core", warn, "net provider {} cannot listen ({}); it is left out of this communicator", n->name,
+              provider_error_name(rc));
       continue;
     }
     addr.resize(len);
@@ -198,7 +199,9 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
     h.comm_id = comm_id_;
     std::strncpy(h.provider, p.path.provider.c_str(), sizeof(h.provider) - 1);
     int rc = p.net->net->connect(p.net->state, nc->address.data(), nc->address.size(), &h, sizeof(h), &p.conn);
-    if (rc != 0) return {ErrorCode::kPeerLost, "connecting to " + describe(p) + " failed (code " + std::to_string(rc) + ")"};
+    if (rc != 0)
+      return {ErrorCode::kPeerLost, "connecting to " + describe(p) + " failed: " + provider_error_name(rc) + " (the " +
+                                        p.path.provider + " provider's log line before this says why)"};
   }
   std::size_t accepted = 0;
   while (true) {
@@ -233,7 +236,8 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
       int st = p.net->net->conn_status(p.net->state, p.conn);
       if (st < 0)
         return {ErrorCode::kPeerLost, (p.rank > rank_ ? "connecting to " : "the connection from ") + describe(p) +
-                                          " failed (code " + std::to_string(st) + ")"};
+                                          " failed: " + provider_error_name(st) + " (the " + p.path.provider +
+                                          " provider's log lines say why; on the peer's side too)"};
       all_up &= st == 0;
     }
     if (all_up && accepted == expected_in) return {};

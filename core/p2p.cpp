@@ -44,7 +44,7 @@ Status from_provider(int rc, const char* msg, const std::string& who) {
   }
   std::string text = msg && *msg                     ? std::string(msg)
                      : rc == HMC_PROV_ERR_PEER_LOST ? "the connection is gone (the peer closed it or exited)"
-                                                    : "provider error " + std::to_string(rc);
+                                                    : "provider error " + provider_error_name(rc);
   if (code == ErrorCode::kPeerLost && text.rfind("peer lost", 0) == 0) text = text.substr(std::min<std::size_t>(text.size(), 11));
   return {code, who + ": " + text};
 }

@@ -371,4 +371,20 @@ LoadedProvider* PluginRegistry::net(const std::string& name) const {
   return nullptr;
 }
 
+std::string provider_error_name(int rc) {
+  switch (rc) {
+    case HMC_PROV_ERR_INTERNAL: return "HMC_PROV_ERR_INTERNAL";
+    case HMC_PROV_ERR_INVALID: return "HMC_PROV_ERR_INVALID";
+    case HMC_PROV_ERR_UNSUPPORTED: return "HMC_PROV_ERR_UNSUPPORTED";
+    case HMC_PROV_ERR_UNAVAILABLE: return "HMC_PROV_ERR_UNAVAILABLE";
+    case HMC_PROV_ERR_NO_MEMORY: return "HMC_PROV_ERR_NO_MEMORY";
+    case HMC_PROV_ERR_PEER_LOST: return "HMC_PROV_ERR_PEER_LOST";
+    case HMC_PROV_ERR_REFUSED: return "HMC_PROV_ERR_REFUSED";
+    case HMC_PROV_ERR_OUT_OF_BOUNDS: return "HMC_PROV_ERR_OUT_OF_BOUNDS";
+    case HMC_PROV_ERR_TRUNCATED: return "HMC_PROV_ERR_TRUNCATED";
+    case HMC_PROV_ERR_CLOSED: return "HMC_PROV_ERR_CLOSED";
+    default: return "provider code " + std::to_string(rc);
+  }
+}
+
 }  // namespace hmc::core

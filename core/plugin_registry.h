@@ -79,4 +79,7 @@ class PluginRegistry {
 std::vector<std::string> device_cap_names(uint64_t caps);
 std::vector<std::string> net_cap_names(uint64_t caps);
 
+// "HMC_PROV_ERR_REFUSED", ... for a provider's return code (include/hmc/provider/common.h).
+std::string provider_error_name(int rc);
+
 }  // namespace hmc::core

@@ -109,7 +109,7 @@ Registration::~Registration() {
 Status Registration::add(LoadedProvider* net, int mem_kind) {
   Entry e{net, nullptr, std::vector<uint8_t>(HMC_NET_RKEY_MAX)};
   int rc = net->net->reg_mem(net->state, ptr_, bytes_, mem_kind, &e.mr);
-  if (rc != 0) return {ErrorCode::kInternal, "registering " + std::to_string(bytes_) + " bytes with " + net->name + " failed (code " + std::to_string(rc) + ")"};
+  if (rc != 0) return {ErrorCode::kInternal, "registering " + std::to_string(bytes_) + " bytes with " + net->name + " failed: " + provider_error_name(rc)};
   std::size_t len = 0;
   rc = net->net->pack_rkey(net->state, e.mr, e.rkey.data(), e.rkey.size(), &len);
   if (rc != 0 || len > HMC_NET_RKEY_MAX) {

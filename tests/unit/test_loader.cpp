@@ -171,3 +171,15 @@ TEST_CASE("HMC_YIELD_EVERY takes 0 (automatic) or a count of polls", "[config]")
   CHECK(Context::create({{{"HMC_YIELD_EVERY", "8"}}}).ok());
   CHECK(Context::create({{{"HMC_YIELD_EVERY", "0"}}}).ok());
 }
+
+// Set-up failures name the provider's code ("connecting to rank 2 ... failed:
+// HMC_PROV_ERR_REFUSED"), not a bare number ("failed (code -7)").
+TEST_CASE("provider return codes have their names in messages", "[loader]") {
+  using hmc::core::provider_error_name;
+  CHECK(provider_error_name(HMC_PROV_ERR_REFUSED) == "HMC_PROV_ERR_REFUSED");
+  CHECK(provider_error_name(HMC_PROV_ERR_PEER_LOST) == "HMC_PROV_ERR_PEER_LOST");
+  CHECK(provider_error_name(HMC_PROV_ERR_UNAVAILABLE) == "HMC_PROV_ERR_UNAVAILABLE");
+  for (int rc = HMC_PROV_ERR_CLOSED; rc <= HMC_PROV_ERR_INTERNAL; ++rc)
+    CHECK(provider_error_name(rc).rfind("HMC_PROV_ERR_", 0) == 0);
+  CHECK(provider_error_name(-99) == "provider code -99");
+}
