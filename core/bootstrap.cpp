@@ -34,6 +34,10 @@ constexpr Clock::duration kMaxBackoff = 500ms;
 // Shortly before a wait's deadline the rank asks the root which ranks are missing, so that a
 // timeout can name them; the question goes out this long (at most) before the deadline.
 constexpr Clock::duration kQueryLead = 200ms;
+// The root's answer to bye is a round trip: finalize waits at least this long for it, even
+// when the caller's deadline (one for the whole finalize, whose barrier may have waited for
+// a late peer until just before it) has passed. Before, such a finalize failed "after 0 ms".
+constexpr Clock::duration kByeGrace = 2s;
 
 int64_t ms_since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
@@ -440,7 +444,7 @@ Status Bootstrap::Impl::finalize(Clock::time_point deadline) {
   lock.unlock();
   post_send(wire::Writer(Type::kBye).finish());
   lock.lock();
-  cv_.wait_until(lock, deadline, [this] { return bye_acked_ || root_lost_ || aborted_; });
+  cv_.wait_until(lock, std::max(deadline, start + kByeGrace), [this] { return bye_acked_ || root_lost_ || aborted_; });
   Status result = Status::ok_status();
   if (aborted_)
     result = broken_locked();

@@ -494,7 +494,10 @@ TEST_CASE("bootstrap finalize is an orderly leave, not a loss", "[bootstrap]") {
   CHECK(contains(s.message(), "rank 1 finalized"));
   CHECK(seconds_since(start) < 1.0);
 
-  REQUIRE(rank0.value()->finalize(in(2s)).ok());
+  // Its deadline spent (a communicator's finalize gives one for its barrier and the bye,
+  // and the barrier may have waited for a late peer until then): the bye still gets its
+  // round trip. It failed "after 0 ms" before.
+  REQUIRE(rank0.value()->finalize(Clock::now()).ok());
   CHECK(rank0.value()->barrier(in(1s)).code() == ErrorCode::kFinalized);
   CHECK(job.root->wait_finished(in(2s)).ok());
 }
