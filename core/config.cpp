@@ -156,7 +156,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},
       {"HMC_WORLD_SIZE", ParamType::kInt, "", "number of ranks (Communicator::from_env)"},
       {"HMC_ROOT", ParamType::kString, "", "bootstrap root 'host:port', or a whole unique id 'hmc1:...' (from_env)"},
-      {"HMC_SECRET", ParamType::kString, "", "job secret as 32 hex digits (from_env; else derived from the launcher's job id)"},
+      {"HMC_SECRET", ParamType::kString, "", "job secret as 32 hex digits (from_env; else derived from the launcher's job id and the root's address, which anyone who knows both can derive: set it where others reach the network; this table never shows it)"},
       {"RANK", ParamType::kForeign, "", "torchrun: rank (read by from_env)"},
       {"WORLD_SIZE", ParamType::kForeign, "", "torchrun: number of ranks"},
       {"MASTER_ADDR", ParamType::kForeign, "", "torchrun: rank 0's address, hosts the bootstrap root"},
@@ -239,6 +239,8 @@ std::vector<ConfigEntry> Config::entries() const {
     if (d.owner != "core") e.help = "[" + d.owner + "] " + e.help;
     auto v = values_.find(name);
     if (v != values_.end()) { e.value = v->second.first; e.source = v->second.second; }
+    // The job secret lets anyone who has it join the job: tables end up in bug reports.
+    if (name == "HMC_SECRET" && !e.value.empty()) e.value = "(set; not shown)";
     out.push_back(std::move(e));
   }
   return out;

@@ -59,6 +59,21 @@ TEST_CASE("options override the environment and are validated", "[config]") {
   CHECK_FALSE(unknown.ok());
 }
 
+// The table (hmc-probe config, --json) shows that the job secret is set, never the secret:
+// such tables end up in bug reports, and the secret lets anyone join the job.
+TEST_CASE("the configuration table does not show the job secret", "[config]") {
+  const std::string secret = "00112233445566778899aabbccddeeff";
+  auto c = Config::load({{"HMC_SECRET", secret}});
+  REQUIRE(c.ok());
+  CHECK(c->str("HMC_SECRET") == secret);  // what the library reads
+  bool listed = false;
+  for (const auto& e : c->entries()) {
+    CHECK(e.value.find(secret) == std::string::npos);
+    if (e.name == "HMC_SECRET") listed = e.value == "(set; not shown)" && e.source == "option";
+  }
+  CHECK(listed);
+}
+
 TEST_CASE("provider parameters join the table and are checked", "[config]") {
   auto c = Config::load({{"HMC_FAKE_CHUNK", "12Q"}, {"HMC_TYPO", "1"}});
   REQUIRE(c.ok());
