@@ -104,7 +104,10 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
       id.secret = derive_secret(job + "|" + root);
     }
   }
-  if (start_root) HMC_RETURN_IF_ERROR(ctx.impl().start_root("", core::parse_root(id.root)->port, id.secret));
+  if (start_root) {
+    const auto at = core::parse_root(id.root);
+    HMC_RETURN_IF_ERROR(ctx.impl().start_root(core::root_bind_host(at->host), at->port, id.secret));
+  }
   return create(ctx, id, static_cast<int>(rank.value()), static_cast<int>(size.value()));
 }
 

@@ -66,6 +66,13 @@ Result<RootAddress> parse_root(const std::string& root) {
   return RootAddress{root.substr(0, colon), static_cast<uint16_t>(port.value())};
 }
 
+std::string root_bind_host(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  if (host.rfind("127.", 0) == 0) return host;
+  if (host == "::1" || host == "[::1]") return "::1";
+  return "";
+}
+
 class Bootstrap::Impl {
  public:
   Impl(std::string host, uint16_t port, const Secret& secret, int rank, int size)

@@ -27,6 +27,11 @@ struct RootAddress {
   uint16_t port = 0;
 };
 Result<RootAddress> parse_root(const std::string& root);
+// Where a root for peers that reach it at `host` listens: on loopback alone when `host` is a
+// loopback address or "localhost" (every rank is on this host: nothing outside need reach
+// it), else on every interface (a name may resolve here to another address than the peers
+// see, as Debian's 127.0.1.1 for the host name). "" means every interface.
+std::string root_bind_host(const std::string& host);
 // A decimal number from `lo` to `hi`, all of `text`; `what` names it in the error.
 Result<long> parse_number(const std::string& text, long lo, long hi, const std::string& what);
 

@@ -380,10 +380,10 @@ Result<UniqueId> ContextImpl::create_unique_id() {
   UniqueId id;
   std::random_device rd;
   for (auto& b : id.secret) b = static_cast<uint8_t>(rd());
-  auto root = BootstrapRoot::start("", 0, id.secret);
-  if (!root) return root.status();
   std::string host = config_.str("HMC_BOOTSTRAP_ADDR");
   if (host.empty()) host = hostname_ipv4();
+  auto root = BootstrapRoot::start(root_bind_host(host), 0, id.secret);
+  if (!root) return root.status();
   id.root = host + ":" + std::to_string(root.value()->port());
   keep_root(std::move(root.value()));
   return id;

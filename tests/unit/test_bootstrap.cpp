@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -518,4 +519,27 @@ TEST_CASE("bootstrap root wait_finished waits only for ranks still in the job", 
   // Once the only rank that joined is gone, ranks 1 and 2 that never came hold nothing open.
   rank0.value()->abort();
   CHECK(eventually([&] { return job.root->wait_finished(in(0ms)).ok(); }));
+}
+
+// A root whose peers reach it at a loopback address listens on loopback alone: every rank
+// is on this host, and nothing outside should reach the port (it listened on 0.0.0.0
+// whatever HMC_ROOT said). Any other address keeps every interface: a host name may resolve
+// here to another address than the peers see (Debian's 127.0.1.1).
+TEST_CASE("bootstrap roots for loopback addresses listen on loopback alone", "[bootstrap]") {
+  using hmc::core::root_bind_host;
+  CHECK(root_bind_host("127.0.0.1") == "127.0.0.1");
+  CHECK(root_bind_host("127.0.1.1") == "127.0.1.1");
+  CHECK(root_bind_host("localhost") == "127.0.0.1");
+  CHECK(root_bind_host("::1") == "::1");
+  CHECK(root_bind_host("10.77.1.1") == "");
+  CHECK(root_bind_host("node7") == "");
+  auto root = BootstrapRoot::start(root_bind_host("localhost"), 0, random_secret());
+  REQUIRE(root.ok());
+  // The listening socket in /proc/net/tcp: local address 0100007F (127.0.0.1), state 0A.
+  char want[32];
+  std::snprintf(want, sizeof want, "0100007F:%04X", root.value()->port());
+  std::ifstream tcp("/proc/net/tcp");
+  bool found = false;
+  for (std::string line; std::getline(tcp, line);) found |= line.find(want) != std::string::npos && line.find(" 0A ") != std::string::npos;
+  CHECK(found);
 }
