@@ -302,8 +302,9 @@ Request all_to_all_v(Communicator& comm, const void* send, const std::vector<std
         recv_displs[j] > limit - recv_counts[j])
       HMC_COLL_REQUIRE(kKind, Status(ErrorCode::kInvalidArgument, "count plus displacement of rank " + std::to_string(j) +
                                                                       " overflows the address space"));
-    sent += send_counts[j];
-    got += recv_counts[j];
+    // Saturated: a sum that wrapped to 0 would let a null buffer through.
+    sent = send_counts[j] > limit - sent ? limit : sent + send_counts[j];
+    got = recv_counts[j] > limit - got ? limit : got + recv_counts[j];
   }
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(send, sent, "send"));
   HMC_COLL_REQUIRE(kKind, coll::check_buffer(recv, got, "recv"));

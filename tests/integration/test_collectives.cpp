@@ -1108,6 +1108,9 @@ TEST_CASE("invalid arguments fail at once with kInvalidArgument", "[collectives]
     if (int rc = invalid(all_to_all_v(e.comm, a.data(), two, displs, a.data() + 1, two, displs, f32), "overlap")) return rc;
     const std::vector<std::size_t> two_each(2, 2), sends_at{0, 2}, clash{0, 1};  // rank 1's block starts inside rank 0's
     if (int rc = invalid(all_to_all_v(e.comm, a.data(), two_each, sends_at, b.data(), two_each, clash, f32), "ranks 0 and 1 overlap")) return rc;
+    // Counts whose sum wraps to 0 (1-byte elements): the null send buffer is still seen.
+    const std::vector<std::size_t> wrap{SIZE_MAX, 1}, at_zero{0, 0};
+    if (int rc = invalid(all_to_all_v(e.comm, nullptr, wrap, at_zero, b.data(), two, displs, DataType::kUint8), "null send")) return rc;
     if (int rc = invalid(all_to_all(e.comm, a.data(), b.data(), 2, f32, {"ring", std::nullopt}), "no algorithm")) return rc;
     if (int rc = invalid(all_reduce(e.comm, a.data(), a.data(), 4, f32, sum, {"fastest", std::nullopt}), "fastest")) return rc;
     Communicator empty;

@@ -48,6 +48,11 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
     HMC_EXPECT(e.comm.isend(buf.data(), 10, 2).wait().code() == ErrorCode::kInvalidArgument, "peer out of range");
     HMC_EXPECT(e.comm.irecv(buf.data(), 10, -1).wait().code() == ErrorCode::kInvalidArgument, "negative peer");
     HMC_EXPECT(e.comm.isend(buf.data(), 10, peer, 1ull << 63).wait().code() == ErrorCode::kInvalidArgument, "reserved tag");
+    // Sizes past the address space: refused at once, not pending until the deadline.
+    const auto t_size = Clock::now();
+    HMC_EXPECT(e.comm.isend(buf.data(), SIZE_MAX, peer).wait().code() == ErrorCode::kInvalidArgument, "send of SIZE_MAX");
+    HMC_EXPECT(e.comm.irecv(buf.data(), SIZE_MAX - 8, peer).wait().code() == ErrorCode::kInvalidArgument, "receive past the end");
+    HMC_EXPECT(Clock::now() - t_size < std::chrono::seconds(1), "sizes past the address space waited");
     HMC_EXPECT(e.comm.put(peer, buf.data(), 8, RemoteKey{{1, 2, 3}}, 0).wait().code() == ErrorCode::kInvalidArgument, "garbage key");
     HMC_EXPECT(!e.comm.register_memory(nullptr, 10).ok(), "null registration");
     // Memory this process does not have: a peer's put there would have killed it.
