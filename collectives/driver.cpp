@@ -1,5 +1,7 @@
 #include "collectives/driver.h"
 
+#include <algorithm>
+
 namespace hmc::coll {
 
 Driver& Driver::of(const std::shared_ptr<core::ProgressEngine>& engine) {
@@ -65,20 +67,30 @@ bool Driver::progress() {
     any = !ops_.empty();
     ops_.clear();
   }
-  for (std::size_t i = 0; i < ops_.size();) {
+  // Finished ones leave in one sweep that keeps the order: erasing each where it stood
+  // moved the rest every time (70,000 small collectives in flight took 85 s).
+  // Lines whose first op waits (DriverOp::line): the rest of them are not run this pass.
+  std::vector<const void*>& held = held_lines_;
+  held.clear();
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
     Entry& e = ops_[i];
-    if (!e.started && e.order->ready()) {
+    const void* line = e.op->line();
+    const bool behind = line && std::find(held.begin(), held.end(), line) != held.end();
+    if (!behind && !e.started && e.order->ready()) {
       e.op->start();
       e.started = any = true;
     }
-    if (e.started) any |= e.op->advance();
+    if (!behind && e.started) any |= e.op->advance();
+    if (!behind && line && e.op->waiting_in_line()) held.push_back(line);
     if (e.op->finished()) {
       if (e.order) e.order->finish();
-      ops_.erase(ops_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
-      ++i;
+      if (kept != i) ops_[kept] = std::move(e);
+      ++kept;
     }
   }
+  ops_.resize(kept);
   if (ops_.empty() && registered_) {
     engine_->remove(this);
     registered_ = false;

@@ -48,6 +48,7 @@ class Driver final : public core::Progressable {
     bool started;
   };
   std::vector<Entry> ops_;  // oldest first
+  std::vector<const void*> held_lines_;  // progress(): lines whose first op waits
   bool registered_ = false;
 };
 

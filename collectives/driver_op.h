@@ -21,6 +21,12 @@ class DriverOp {
   virtual bool uses(const void* comm) const { (void)comm; return false; }
   // That communicator is being destroyed: fail without touching it again.
   virtual void drop(Status why) { abandon(std::move(why)); }
+  // Ops that run strictly in line (the collectives over one communicator's shared
+  // segments) name their line; one that has not begun says so with waiting_in_line(), and
+  // then none after it in that line can begin either: the driver skips them (70,000 small
+  // collectives in flight took a pass over all of them per step).
+  virtual const void* line() const { return nullptr; }
+  virtual bool waiting_in_line() const { return false; }
 };
 
 }  // namespace hmc::coll

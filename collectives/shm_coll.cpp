@@ -115,6 +115,10 @@ class ShmColl final : public DriverOp {
   const std::shared_ptr<core::Operation>& result() const { return result_; }
   void start() override { advance(); }
   bool finished() const override { return finished_; }
+  // Calls publish in the order of their sequence numbers: one that could not publish its
+  // first round holds every later one back (publish() waits for the same slot's last user).
+  const void* line() const override { return state_.get(); }
+  bool waiting_in_line() const override { return !finished_ && published_ == 0; }
   void abandon(Status why) override {
     fail(why);
     // The context, whose cpu provider would release the mappings, is going away: keep them.

@@ -432,6 +432,29 @@ TEST_CASE("all_gather and all_to_all of 2 ranks with blocks past 2 GiB read them
   run(2, true, [](RankEnv& e, bool) { return check_cma_large(e); }, {{"HMC_CCL", "off"}, {"HMC_TIMEOUT", "300s"}});
 }
 
+// Many collectives in flight on two communicators at once, each over its own segments: the
+// driver runs each communicator's in line and skips the rest of a line whose first waits
+// (driver.cpp). Every result must still be exact, in both lines, in any order of waits.
+TEST_CASE("collectives of two communicators in flight at once, hundreds each, are exact", "[collectives][shm]") {
+  run(2, true, [](RankEnv& e, bool) -> int {
+    auto sub = split(e.ctx, e.comm, 0, -e.rank);  // the other order: sub-rank 0 is rank 1
+    HMC_EXPECT(sub.ok(), sub.status().to_string());
+    HMC_EXPECT(sub->impl().segments() != nullptr, "no segments for the split");
+    constexpr int kEach = 400;
+    std::vector<int64_t> in(2 * kEach), out(2 * kEach, -1);
+    std::vector<Request> reqs;
+    for (int k = 0; k < kEach; ++k)
+      for (int c = 0; c < 2; ++c) {
+        const int i = 2 * k + c;
+        in[i] = (e.rank + 1) * 1000 + i;
+        reqs.push_back(all_reduce(c == 0 ? e.comm : sub.value(), &in[i], &out[i], 1, DataType::kInt64, ReduceOp::kSum));
+      }
+    for (int i = static_cast<int>(reqs.size()) - 1; i >= 0; --i) HMC_EXPECT_OK(reqs[i].wait(kWait));  // last first
+    for (int i = 0; i < 2 * kEach; ++i) HMC_EXPECT(out[i] == 3000 + 2 * i, "result " + std::to_string(i));
+    return 0;
+  }, {{"HMC_CCL", "off"}});
+}
+
 // Rank 0's reduce is refused by its own checks (no receive buffer at the root) and rank 1's
 // runs: from there the ranks' rounds of the shared segments are out of line. No later call
 // may then succeed with another call's data (each all_reduce sums 3 and 4): each fails,
