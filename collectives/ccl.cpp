@@ -260,6 +260,7 @@ std::optional<Request> CclLink::defer(const CclWork& w, bool delegable, OwnCall 
   std::lock_guard lock(mu_);
   if (state_.load() != State::kDeciding) return std::nullopt;
   auto proxy = core::Operation::make(engine_);
+  proxy->what = {coll_kind_name(w.kind), -1, 0, w.result_bytes};
   deferred_.push_back({w, delegable, std::move(own), proxy});
   return Request(proxy);
 }
@@ -523,6 +524,7 @@ Request CclLink::run(const CclWork& w, void* user_stream) {
     return failed(provider_status(dev_, "copying the result back"));
   Pending p{core::Operation::make(engine_), nullptr, std::move(pl.blocks),
             core::deadline_after(engine_->default_timeout), w.result_bytes};
+  p.op->what = {coll_kind_name(w.kind), -1, 0, w.result_bytes};
   {
     std::lock_guard lock(mu_);
     if (!spare_events_.empty()) {

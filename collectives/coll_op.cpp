@@ -30,7 +30,9 @@ CollOp::CollOp(core::CommImpl& comm, uint64_t tag_base, CollSpec spec, Schedule 
       spec_(spec),
       sched_(std::move(sched)),
       scratch_(std::move(scratch)),
-      result_(core::Operation::make(comm.context().engine())) {}
+      result_(core::Operation::make(comm.context().engine())) {
+  result_->what = {spec_.name, -1, 0, spec_.result_bytes};
+}
 
 CollOp::~CollOp() {
   // Receives still posted into scratch may yet be matched: keep their memory alive.

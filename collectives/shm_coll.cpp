@@ -109,6 +109,7 @@ class ShmColl final : public DriverOp {
                 (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes),
         pool_(std::move(pool)) {
     result_->engine()->segment_waits(+1, segs_);
+    result_->what = {coll_kind_name(w.kind), -1, 0, w.result_bytes};
   }
   ~ShmColl() override { end_wait(); }
 

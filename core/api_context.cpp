@@ -89,8 +89,9 @@ Status wait_op(const core::Operation* op, std::optional<std::chrono::millisecond
   if (!engine->wait_until([&] { return op->done(); }, core::deadline_after(timeout, start))) {
     if (engine->closed()) return {ErrorCode::kFinalized, "the context was destroyed while the operation was pending"};
     if (timeout.count() <= 0) return {ErrorCode::kTimeout, "operation not finished (a wait of 0 ms or less only looks)"};
-    return {ErrorCode::kTimeout, "operation not finished after " + std::to_string(timeout.count()) + " ms" +
-                                     (given ? "" : " (HMC_TIMEOUT)")};
+    const std::string what = op->describe();
+    return {ErrorCode::kTimeout, (what.empty() ? "operation" : what) + " not finished after " +
+                                     std::to_string(timeout.count()) + " ms" + (given ? "" : " (HMC_TIMEOUT)")};
   }
   return op->status();
 }

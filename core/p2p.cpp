@@ -114,6 +114,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   Peer& p = peers_[peer];
   if (!p.lost.ok()) return Operation::failed(p.lost);
   auto op = Operation::make(ctx_.engine());
+  op->what = {"send", peer, tag, bytes};
   const auto* data = static_cast<const uint8_t*>(buf);
   const bool device = bytes && ctx_.device_mem(buf, bytes);
   if (p.net) {
@@ -184,6 +185,7 @@ std::shared_ptr<Operation> CommImpl::irecv(void* buf, std::size_t bytes, int pee
   if (Status s = usable(); !s.ok()) return Operation::failed(s);
   Peer& p = peers_[peer];
   auto op = Operation::make(ctx_.engine());
+  op->what = {"receive", peer, tag, bytes};
   RecvOp r{op, static_cast<uint8_t*>(buf), bytes, tag, next_id_++};
   r.device = bytes && ctx_.device_mem(buf, bytes);
   for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {

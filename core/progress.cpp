@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string_view>
 #include <thread>
 
 #include "core/host_segments.h"
@@ -363,6 +364,15 @@ void Operation::fail(Status s) {
   status_ = std::move(s);
   state_.store(kFailed, std::memory_order_release);
   if (engine_) engine_->wake();
+}
+
+std::string Operation::describe() const {
+  if (what.name == nullptr) return "";
+  std::string text = std::string(what.name) + " of " + std::to_string(what.bytes) + " bytes";
+  if (what.peer < 0) return text;
+  const std::string_view name(what.name);
+  text += (name == "receive" ? " from rank " : " to rank ") + std::to_string(what.peer);
+  return name == "put" ? text : text + " (tag " + std::to_string(what.tag) + ")";
 }
 
 Status Operation::status() const {

@@ -51,6 +51,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -167,6 +168,18 @@ class Operation {
 
   // Number of sub-steps still to finish before complete() (e.g. put + FIN message).
   int pending_parts = 0;
+
+  // What the operation is, for the message of a wait that times out (set where it is made;
+  // formatted only then): "send", "receive", "put" with a peer, or a collective's name.
+  struct What {
+    const char* name = nullptr;
+    int peer = -1;
+    uint64_t tag = 0;
+    std::size_t bytes = 0;
+  };
+  What what;
+  // "receive of 64 bytes from rank 1 (tag 7)", "all_reduce of 4096 bytes"; "" when unset.
+  std::string describe() const;
 
  private:
   static constexpr int kPending = 0, kDone = 1, kFailed = 2;

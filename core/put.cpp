@@ -61,6 +61,7 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
                                                            std::to_string(offset) + " overruns the peer's region of " +
                                                            std::to_string(k->region_bytes) + " bytes"});
   auto op = Operation::make(ctx_.engine());
+  op->what = {"put", peer, 0, bytes};
   if (!p.net) {  // self: the key's "self" entry names a live region of this process
     const auto self = k->find("self");
     if (!self) return Operation::failed({ErrorCode::kInvalidArgument, "remote key has no local entry"});

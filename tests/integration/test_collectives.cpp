@@ -1246,6 +1246,7 @@ TEST_CASE("wait with a deadline times out and the collective still completes", "
     if (e.rank == 0) {
       Status early = r.wait(std::chrono::milliseconds(20));
       HMC_EXPECT(early.code() == ErrorCode::kTimeout, "expected kTimeout, got " + early.to_string());
+      HMC_EXPECT(early.message().find("all_reduce of 8 bytes not finished") == 0, "what timed out: " + early.to_string());
     }
     HMC_EXPECT_OK(r.wait(kWait));
     HMC_EXPECT(out == 3, "all_reduce result");

@@ -75,6 +75,9 @@ TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
     HMC_EXPECT(late.code() == ErrorCode::kTimeout && late.message().find("after 200 ms") != std::string::npos &&
                    late.message().find("HMC_TIMEOUT") == std::string::npos,
                "deadline: " + late.to_string());
+    // It says what did not finish (it said "operation").
+    HMC_EXPECT(late.message().find("receive of 4 bytes from rank " + std::to_string(peer) + " (tag 99)") == 0,
+               "what timed out: " + late.to_string());
     HMC_EXPECT(never.wait(std::chrono::milliseconds(-5)).message().find("only looks") != std::string::npos,
                "a negative wait");
     HMC_EXPECT(Clock::now() - t0 < std::chrono::seconds(2), "deadline overrun");
