@@ -78,6 +78,7 @@ class BootstrapRoot::Impl {
   void on_close(Link& link, const std::string& why, bool violation);
   void drop(Link& link, const std::string& why);
   void refuse(Link& link, ErrorCode code, const std::string& why);
+  std::string last_refused_;  // why and from where the root last refused a hello (io thread)
   void turn_away(Link& link, const std::string& why);
   void lose(int rank, const std::string& why);
   void mark_dead(int rank);
@@ -281,7 +282,8 @@ void BootstrapRoot::Impl::on_hello(Link& link, Type type, const std::vector<uint
                               wire::kVersion));
   if (!in.u16(reserved) || !in.bytes(sizeof(Secret), secret) || !in.i32(rank) || !in.i32(size) || in.left() != 0)
     return turn_away(link, "malformed bootstrap hello");
-  if (!secrets_equal(secret, secret_)) return refuse(link, ErrorCode::kRefused, "wrong job secret");
+  if (!secrets_equal(secret, secret_))
+    return refuse(link, ErrorCode::kRefused, fmt::format("wrong job secret (its hello names rank {} of {})", rank, size));
   if (size < 1 || size > wire::kMaxRanks)
     return refuse(link, ErrorCode::kRefused,
                   fmt::format("job size {} is out of range (1 to {})", size, wire::kMaxRanks));
@@ -389,7 +391,11 @@ std::string BootstrapRoot::Impl::missing_text(uint64_t seq) const {
     }
   }
   std::vector<std::string> parts;
-  if (!absent.empty()) parts.push_back(wire::format_ranks(absent) + " never joined the job");
+  // A rank refused for a wrong secret or size (another job's settings) counts as absent:
+  // the others hear why, not only that it never came.
+  if (!absent.empty())
+    parts.push_back(wire::format_ranks(absent) + " never joined the job" +
+                    (last_refused_.empty() ? "" : " (the root last refused a connection: " + last_refused_ + ")"));
   if (!behind.empty()) parts.push_back(wire::format_ranks(behind) + " joined but did not reach this call");
   if (!lost.empty()) parts.push_back(wire::format_ranks(lost) + " left without finalizing");
   if (!finalized.empty()) parts.push_back(wire::format_ranks(finalized) + " finalized before this call");
@@ -441,6 +447,7 @@ void BootstrapRoot::Impl::drop(Link& link, const std::string& why) {
 // Refusal with a reason the client reports (bad rank, size, secret or version).
 void BootstrapRoot::Impl::refuse(Link& link, ErrorCode code, const std::string& why) {
   HMC_LOG("boot", warn, "refused bootstrap connection from {}: {}", link.remote(), why);
+  last_refused_ = fmt::format("{} from {}", why, link.remote());
   link.send(wire::Writer(Type::kRefuse).u32(static_cast<uint32_t>(code)).str(why).finish());
   link.close_after_flush();
 }

@@ -347,6 +347,14 @@ TEST_CASE("bootstrap allgather times out naming the ranks it waited for", "[boot
   std::unique_ptr<Bootstrap> idle;  // joined, but never calls
   std::string expected;
   SECTION("a rank that never joins") { expected = "rank 2 never joined the job"; }
+  // Refused for another job's secret: the others hear why, not only that it never came.
+  SECTION("a rank refused for a wrong secret") {
+    Secret wrong = job.secret;
+    wrong[0] ^= 1;
+    REQUIRE_FALSE(Bootstrap::connect("127.0.0.1", job.root->port(), wrong, 2, kSize, in(2s)).ok());
+    expected = "rank 2 never joined the job (the root last refused a connection: wrong job secret (its hello names "
+               "rank 2 of 3) from 127.0.0.1:";
+  }
   SECTION("a rank that joins but does not call") {
     auto boot = job.join(2, kSize);
     REQUIRE(boot.ok());
