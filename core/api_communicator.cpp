@@ -108,6 +108,9 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
   }
   if (start_root) {
     const auto at = core::parse_root(id.root);
+    if (!core::is_local_address(at->host))
+      HMC_LOG("core", warn, "HMC_ROOT {} is not an address of this host, yet rank 0 starts the bootstrap root here: "
+              "ranks that dial it will not find this root unless that address leads here", id.root);
     HMC_RETURN_IF_ERROR(ctx.impl().start_root(core::root_bind_host(at->host), at->port, id.secret));
   }
   return create(ctx, id, static_cast<int>(rank.value()), static_cast<int>(size.value()));

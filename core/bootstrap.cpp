@@ -6,7 +6,10 @@
 // only lock and guards the state shared with callers (phase, rounds, lost set, flags). The io
 // thread holds it only to publish what a frame said, never during I/O, and never while calling
 // on_change_, so a callback may call back into this object.
+#include <netdb.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -71,6 +74,23 @@ std::string root_bind_host(const std::string& host) {
   if (host.rfind("127.", 0) == 0) return host;
   if (host == "::1" || host == "[::1]") return "::1";
   return "";
+}
+
+bool is_local_address(const std::string& host) {
+  std::string name = host.size() > 2 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(name.c_str(), nullptr, &hints, &found) != 0) return true;
+  bool local = false;
+  for (addrinfo* a = found; a != nullptr && !local; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;  // port 0: any free one
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  return local;
 }
 
 class Bootstrap::Impl {

@@ -32,6 +32,9 @@ Result<RootAddress> parse_root(const std::string& root);
 // it), else on every interface (a name may resolve here to another address than the peers
 // see, as Debian's 127.0.1.1 for the host name). "" means every interface.
 std::string root_bind_host(const std::string& host);
+// Whether `host` names an address of this machine (one it can bind); true where it does not
+// resolve, which the connect then reports.
+bool is_local_address(const std::string& host);
 // A decimal number from `lo` to `hi`, all of `text`; `what` names it in the error.
 Result<long> parse_number(const std::string& text, long lo, long hi, const std::string& what);
 

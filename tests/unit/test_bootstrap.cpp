@@ -551,3 +551,13 @@ TEST_CASE("bootstrap roots for loopback addresses listen on loopback alone", "[b
   for (std::string line; std::getline(tcp, line);) found |= line.find(want) != std::string::npos && line.find(" 0A ") != std::string::npos;
   CHECK(found);
 }
+
+// Rank 0 of from_env starts the root wherever it runs; an HMC_ROOT naming another host
+// then leaves every rank dialling nowhere, so rank 0 warns when the address is not its own.
+TEST_CASE("bootstrap tells this host's addresses from others", "[bootstrap]") {
+  using hmc::core::is_local_address;
+  CHECK(is_local_address("127.0.0.1"));
+  CHECK(is_local_address("localhost"));
+  CHECK_FALSE(is_local_address("198.51.100.254"));  // TEST-NET-2, for documentation only
+  CHECK(is_local_address("no-such-host.invalid"));  // not resolved: the connect says so
+}
