@@ -19,6 +19,10 @@ struct RemoteKey {
   std::vector<uint8_t> bytes;
 };
 
+// The registered memory must outlive its region: destroy the MemoryRegion (which
+// deregisters it: later puts with its key are refused) before freeing the memory. A peer's
+// put into memory freed under a live region writes wherever the address now leads: into
+// another allocation made there, or, over tcp and ucx, a fault that kills this process.
 class MemoryRegion {
  public:
   MemoryRegion();  // empty: registers nothing (defined where Registration is complete)
