@@ -64,7 +64,7 @@ void print_config(const Context& ctx) {
 void print_matrix(int size, const std::vector<PairFigures>& figs, const MeasureOptions& opt, double memcpy_ref,
                   double tcp_ref) {
   const std::size_t bytes = opt.bytes;
-  std::printf("Path matrix (%d ranks on this machine; bandwidth one way with %s %s%s, latency half a round trip of 8 B%s, "
+  std::printf("Path matrix (%d ranks; bandwidth one way with %s %s%s, latency half a round trip of 8 B%s, "
               "%d of them, after %d untimed)\n",
               size, human(bytes).c_str(), opt.put ? (opt.notify ? "notified puts" : "puts") : "messages",
               opt.rotate ? " into 4 buffers in turn" : "", opt.lat_poll ? ", polled" : "",
