@@ -31,6 +31,7 @@ constexpr auto kHelloTimeout = 10s;   // a connection that has not said hello by
 // says hello as soon as it connects, before a crowd of idle ones can push it out.
 constexpr std::size_t kSpareStrangers = 128;
 constexpr auto kSweepPeriod = 1s;
+constexpr uint64_t kLoudRefusals = 10;  // refused connections logged one by one per sweep period
 constexpr auto kLinger = 250ms;       // how long the destructor lets queued replies drain
 constexpr auto kAcceptRetry = 100ms;  // after an accept error such as EMFILE
 
@@ -78,6 +79,8 @@ class BootstrapRoot::Impl {
   void on_close(Link& link, const std::string& why, bool violation);
   void drop(Link& link, const std::string& why);
   void refuse(Link& link, ErrorCode code, const std::string& why);
+  void say_refused(const Link& link, const std::string& why);
+  uint64_t refused_lately_ = 0;  // refusals since sweep() last looked (io thread)
   std::string last_refused_;  // why and from where the root last refused a hello (io thread)
   void turn_away(Link& link, const std::string& why);
   void lose(int rank, const std::string& why);
@@ -219,6 +222,9 @@ void BootstrapRoot::Impl::sweep() {
   sweep_timer_.expires_after(kSweepPeriod);
   sweep_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
+    if (refused_lately_ > kLoudRefusals)
+      HMC_LOG("boot", warn, "refused {} more bootstrap connection(s) in the last second", refused_lately_ - kLoudRefusals);
+    refused_lately_ = 0;
     if (crowded_out_) {
       HMC_LOG("boot", warn,
               "closed the {} oldest bootstrap connection(s) without a hello: more than {} were waiting for theirs",
@@ -231,8 +237,8 @@ void BootstrapRoot::Impl::sweep() {
         ++it;
         continue;
       }
-      HMC_LOG("boot", warn, "refused bootstrap connection from {}: no hello within {} s", (*it)->remote(),
-              std::chrono::duration_cast<std::chrono::seconds>(kHelloTimeout).count());
+      say_refused(**it, fmt::format("no hello within {} s",
+                                    std::chrono::duration_cast<std::chrono::seconds>(kHelloTimeout).count()));
       (*it)->close();
       it = strangers_.erase(it);
     }
@@ -426,7 +432,7 @@ void BootstrapRoot::Impl::on_close(Link& link, const std::string& why, bool viol
   if (link.rank < 0) {
     strangers_.erase(link.shared_from_this());
     if (violation)
-      HMC_LOG("boot", warn, "refused bootstrap connection from {}: {}", link.remote(), why);
+      say_refused(link, why);
     else
       HMC_LOG("boot", debug, "bootstrap connection from {} closed before its hello: {}", link.remote(), why);
     return;
@@ -445,8 +451,13 @@ void BootstrapRoot::Impl::drop(Link& link, const std::string& why) {
 }
 
 // Refusal with a reason the client reports (bad rank, size, secret or version).
+// One line per refused connection, up to kLoudRefusals a second; sweep() counts the rest.
+void BootstrapRoot::Impl::say_refused(const Link& link, const std::string& why) {
+  if (++refused_lately_ <= kLoudRefusals) HMC_LOG("boot", warn, "refused bootstrap connection from {}: {}", link.remote(), why);
+}
+
 void BootstrapRoot::Impl::refuse(Link& link, ErrorCode code, const std::string& why) {
-  HMC_LOG("boot", warn, "refused bootstrap connection from {}: {}", link.remote(), why);
+  say_refused(link, why);
   last_refused_ = fmt::format("{} from {}", why, link.remote());
   link.send(wire::Writer(Type::kRefuse).u32(static_cast<uint32_t>(code)).str(why).finish());
   link.close_after_flush();
@@ -454,7 +465,7 @@ void BootstrapRoot::Impl::refuse(Link& link, ErrorCode code, const std::string& 
 
 // Garbage gets no answer at all.
 void BootstrapRoot::Impl::turn_away(Link& link, const std::string& why) {
-  HMC_LOG("boot", warn, "refused bootstrap connection from {}: {}", link.remote(), why);
+  say_refused(link, why);
   link.close();
 }
 

@@ -561,3 +561,32 @@ TEST_CASE("bootstrap tells this host's addresses from others", "[bootstrap]") {
   CHECK_FALSE(is_local_address("198.51.100.254"));  // TEST-NET-2, for documentation only
   CHECK(is_local_address("no-such-host.invalid"));  // not resolved: the connect says so
 }
+
+// A flood of bad connections costs the root's log one line each up to ten a second, then
+// one line for the rest (130 strangers wrote 130 warnings at once).
+TEST_CASE("bootstrap root logs refused connections ten a second, then counts them", "[bootstrap]") {
+  Job job;
+  char path[] = "/tmp/hmc-boot-log-XXXXXX";
+  const int file = mkstemp(path);
+  REQUIRE(file >= 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(file, 2);
+  const std::string http = "GET / HTTP/1.0\r\n\r\n";
+  int hung_up = 0;
+  for (int i = 0; i < 30; ++i) hung_up += root_hangs_up(job.root->port(), std::vector<uint8_t>(http.begin(), http.end()));
+  std::this_thread::sleep_for(1500ms);  // a sweep says how many more
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unlink(path);
+  INFO(text);
+  CHECK(hung_up == 30);
+  std::size_t lines = 0;
+  for (std::size_t at = 0; (at = text.find("refused bootstrap connection from", at)) != std::string::npos; ++at) ++lines;
+  CHECK(lines <= 10);
+  CHECK(contains(text, "more bootstrap connection(s) in the last second"));
+}
