@@ -8,7 +8,7 @@
 #   lib/        libhmc.so and every provider (cuda and nccl included), lib/test-providers/ (emu)
 #   deps/       the Debian shared libraries those need (ldd), minus libc, CUDA and NCCL;
 #   deps/compat libstdc++ and libgcc_s, used only where the machine's own are too old
-#   gpu-tests.sh  the `ctest -L "gpu|bigmem"` tests as plain commands on this folder (ctest needs
+#   gpu-tests.sh  the `ctest -L gpu` tests as plain commands on this folder (ctest needs
 #               the build tree; this needs neither cmake nor the tree)
 #   MANIFEST    commit, date, build, sizes, the newest glibc symbol version needed
 #
@@ -20,7 +20,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(realpath -m "${BUILD_DIR:-$root/build}")
 carry=$(realpath -m "${1:-$root/.carry-gpu}")
-label=${GPU_TEST_LABEL:-gpu|bigmem}  # and the tests that need more memory than CI has
+label=${GPU_TEST_LABEL:-gpu}
 
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
