@@ -700,8 +700,8 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
         if (look()) moved_at = Clock::now();
         else if (Clock::now() - moved_at >= patience) {
           flush_stalled_at_ = Clock::now();
-          host_.log(HMC_LOG_INFO, "close_conn: the flush to " + c->peer +
-                                      " moved nothing (kFlushStall); its endpoint is closed by force");
+          host_.log(HMC_LOG_INFO, "close_conn: the flush to " + c->peer + " moved nothing (kFlushStall); " +
+                                      (peer_errors_ ? "its endpoint is closed by force" : "the connection closes without it"));
           break;
         }
       }
