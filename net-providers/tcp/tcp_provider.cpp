@@ -20,6 +20,7 @@
 #include <charconv>
 #include <iterator>
 
+#include "common/port_range.h"
 #include "common/stream_ops.h"
 #include "hmc/provider/net.h"
 
@@ -31,7 +32,9 @@ using hmc_net::Connection;
 const hmc_param_t kParams[] = {
     {"HMC_TCP_ADDR", "string", "",
      "IP address to bind; empty: the host hint given to listen, or 0.0.0.0 without one"},
-    {"HMC_TCP_PORT", "int", "0", "TCP port to bind; 0 picks an ephemeral port"},
+    {"HMC_TCP_PORT", "string", "0",
+     "TCP port to bind: 0 picks an ephemeral port, N that port, LO-HI the first free one of the range (each rank of a "
+     "host and each communicator of a process takes its own)"},
     {"HMC_TCP_SOCKBUF", "size", "4M",
      "SO_SNDBUF and SO_RCVBUF of every connection; 0 keeps the kernel's autotuning"},
 };
@@ -70,10 +73,10 @@ class TcpProvider final : public hmc_net::StreamProvider {
   explicit TcpProvider(const hmc_host_services_t& host) : StreamProvider(host, "tcp") {}
 
   int configure(std::string& why) override {
-    int64_t port = 0;
-    if (!host().get_string(kParams[0], bind_addr_, why) ||
-        !host().get_int(kParams[1], 0, 65535, port, why) ||
-        !host().get_size(kParams[2], sockbuf_, why)) {
+    std::string ports;
+    if (!host().get_string(kParams[0], bind_addr_, why) || !host().get_string(kParams[1], ports, why) ||
+        !host().get_size(kParams[2], sockbuf_, why) ||
+        !hmc_net::parse_port_range("HMC_TCP_PORT", ports.empty() ? "0" : ports, ports_, why)) {
       return HMC_PROV_ERR_INVALID;
     }
     boost::system::error_code ec;
@@ -88,7 +91,6 @@ class TcpProvider final : public hmc_net::StreamProvider {
       why = "HMC_TCP_SOCKBUF: " + std::to_string(sockbuf_) + " bytes is more than 1 GiB";
       return HMC_PROV_ERR_INVALID;
     }
-    port_ = static_cast<uint16_t>(port);
     return HMC_PROV_OK;
   }
 
@@ -116,17 +118,28 @@ class TcpProvider final : public hmc_net::StreamProvider {
       why = "bind address '" + bind + "' is not an IP address";
       return HMC_PROV_ERR_INVALID;
     }
-    tcp::endpoint ep(ip, port_);
+    // The first port of the range that is free (one try for an ephemeral port).
     tcp::acceptor a(io());
-    a.open(ep.protocol(), ec);
-    if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) tune(a);  // accepted sockets inherit the buffer sizes (and the window scale)
-    if (!ec) a.bind(ep, ec);
-    if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
+    uint16_t port = ports_.lo;
+    for (;; ++port) {
+      tcp::endpoint ep(ip, port);
+      ec = {};
+      a.open(ep.protocol(), ec);
+      if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) tune(a);  // accepted sockets inherit the buffer sizes (and the window scale)
+      if (!ec) a.bind(ep, ec);
+      if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
+      if (!ec || ec != boost::asio::error::address_in_use || port >= ports_.hi) break;
+      boost::system::error_code ignored;
+      a.close(ignored);
+    }
     tcp::endpoint local;
     if (!ec) local = a.local_endpoint(ec);
     if (ec) {
-      why = "cannot listen on " + format_endpoint(ip, port_) + ": " + ec.message();
+      why = "cannot listen on " + format_endpoint(ip, port) + ": " + ec.message();
+      if (ports_.hi > ports_.lo && ec == boost::asio::error::address_in_use)
+        why = "cannot listen on " + bind + ": every port of HMC_TCP_PORT=" + std::to_string(ports_.lo) + "-" +
+              std::to_string(ports_.hi) + " is in use";
       return HMC_PROV_ERR_UNAVAILABLE;
     }
     // Peers cannot dial 0.0.0.0: publish the hint, or loopback without one.
@@ -189,7 +202,7 @@ class TcpProvider final : public hmc_net::StreamProvider {
   }
 
   std::string bind_addr_;
-  uint16_t port_ = 0;
+  hmc_net::PortRange ports_;  // HMC_TCP_PORT
   uint64_t sockbuf_ = 0;
 };
 

@@ -20,10 +20,18 @@ int Provider::listen(const char* host_hint, void* addr, size_t addr_cap, size_t*
   if (addr == nullptr || addr_len == nullptr || listener == nullptr) return HMC_PROV_ERR_INVALID;
   const std::string hint = host_hint != nullptr ? host_hint : "";
   const std::string bind = !bind_addr_.empty() ? bind_addr_ : !hint.empty() ? hint : "0.0.0.0";
-  uint16_t port = port_;
+  // The first port of HMC_UCX_PORT's range that is free (one try for an ephemeral port).
+  uint16_t port = ports_.lo;
   std::string why;
-  int fd = listen_socket(bind, port, why);
+  int fd = -1;
+  for (uint16_t p = ports_.lo;; ++p) {
+    port = p;
+    fd = listen_socket(bind, port, why);
+    if (fd >= 0 || errno != EADDRINUSE || p >= ports_.hi) break;
+  }
   if (fd < 0) {
+    if (ports_.hi > ports_.lo && errno == EADDRINUSE)
+      why = "every port of HMC_UCX_PORT=" + std::to_string(ports_.lo) + "-" + std::to_string(ports_.hi) + " is in use on " + bind;
     host_.log(HMC_LOG_WARN, "listen failed: " + why);
     return HMC_PROV_ERR_UNAVAILABLE;
   }

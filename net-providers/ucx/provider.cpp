@@ -363,12 +363,12 @@ int Provider::init_context(const std::string& tls, std::string& why) {
 }
 
 int Provider::start(std::string& why) {
-  std::string tls, put_mode;
-  int64_t port = 0;
+  std::string tls, put_mode, ports;
   bool keep_cma = false;
   if (!host_.get_string(kParams[0], tls, why) || !host_.get_string(kParams[1], bind_addr_, why) ||
-      !host_.get_int(kParams[2], 0, 65535, port, why) || !host_.get_bool(kParams[3], keep_cma, why) ||
-      !host_.get_string(kParams[4], put_mode, why)) {
+      !host_.get_string(kParams[2], ports, why) || !host_.get_bool(kParams[3], keep_cma, why) ||
+      !host_.get_string(kParams[4], put_mode, why) ||
+      !hmc_net::parse_port_range("HMC_UCX_PORT", ports.empty() ? "0" : ports, ports_, why)) {
     return HMC_PROV_ERR_INVALID;
   }
   if (put_mode == "auto" || put_mode.empty()) put_mode_ = PutMode::kAuto;
@@ -378,7 +378,6 @@ int Provider::start(std::string& why) {
     why = "HMC_UCX_PUT='" + put_mode + "': expected auto, rma or am";
     return HMC_PROV_ERR_INVALID;
   }
-  port_ = static_cast<uint16_t>(port);
   if (int rc = init_context(tls, why)) return rc;
   auto names = transports(context_);
   names.erase("self");

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/host.h"
+#include "common/port_range.h"
 #include "common/request.h"
 #include "common/strangers.h"
 #include "hmc/provider/net.h"
@@ -50,7 +51,8 @@ inline constexpr hmc_param_t kParams[] = {
      "UCX transports (UCX_TLS syntax, e.g. tcp, shm, ^cma); empty: UCX_TLS or UCX's default"},
     {"HMC_UCX_ADDR", "string", "",
      "IP address of the lifeline listener; empty: the host hint given to listen, or 0.0.0.0"},
-    {"HMC_UCX_PORT", "int", "0", "TCP port of the lifeline listener; 0 picks an ephemeral port"},
+    {"HMC_UCX_PORT", "string", "0",
+     "TCP port of the lifeline listener: 0 picks an ephemeral port, N that port, LO-HI the first free one of the range"},
     {"HMC_UCX_CMA", "bool", "0",
      "keep cma when no transport has peer failure handling (UCX_TLS=shm): faster same-host puts, "
      "but UCX aborts this process when the peer dies mid-copy"},
@@ -408,7 +410,7 @@ class Provider {
   size_t eager_limit_same_host_ = 0;  // props advice; 0 = none
   uint64_t caps_absent_ = 0;          // props: table caps this configuration lacks
   std::string bind_addr_;
-  uint16_t port_ = 0;
+  hmc_net::PortRange ports_;  // HMC_UCX_PORT
   int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;
   std::thread thread_;
   bool stop_ = false;

@@ -381,6 +381,61 @@ TEST_CASE("net: tcp and ucx take peers while strangers hold more idle connection
   });
 }
 
+// HMC_TCP_PORT / HMC_UCX_PORT=LO-HI: each listener takes the first free port of the range, so
+// several ranks of a host and several communicators of a process can share one setting
+// (a single fixed port served only the first; the others lost the provider). Past the
+// range, listen fails and says so.
+TEST_CASE("net: tcp and ucx listeners take the free ports of a range in turn", "[net][connect]") {
+  // Two adjacent ports free right now.
+  uint16_t base = 0;
+  for (uint16_t p = 42000 + static_cast<uint16_t>(getpid() % 2000); p < 64000 && base == 0; p += 2) {
+    int fds[2] = {-1, -1};
+    bool free = true;
+    for (int i = 0; i < 2; ++i) {
+      fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(p + i));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      free &= fds[i] >= 0 && bind(fds[i], reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0;
+    }
+    for (int fd : fds)
+      if (fd >= 0) close(fd);
+    if (free) base = p;
+  }
+  REQUIRE(base != 0);
+  const std::string range = std::to_string(base) + "-" + std::to_string(base + 1);
+  setenv("HMC_TCP_PORT", range.c_str(), 1);
+  setenv("HMC_UCX_PORT", range.c_str(), 1);
+  for_each_plugin([&](Session& s) {
+    const std::string name = s.p->name;
+    if (name != "tcp" && name != "ucx") return;
+    const Link a = listen_local(s), b = listen_local(s);
+    const auto port_of = [](const std::string& addr) { return std::stoi(addr.substr(addr.rfind(':') + 1)); };
+    CHECK(port_of(a.addr.c_str()) == base);
+    CHECK(port_of(b.addr.c_str()) == base + 1);
+    char addr[HMC_NET_ADDR_MAX];
+    size_t len = 0;
+    void* third = nullptr;
+    CHECK(s.p->listen(s.state, "127.0.0.1", addr, sizeof(addr), &len, &third) == HMC_PROV_ERR_UNAVAILABLE);
+    // A peer reaches the second.
+    const std::vector<char> hello = {'r'};
+    void* c = nullptr;
+    REQUIRE(s.p->connect(s.state, b.addr.data(), b.addr.size(), hello.data(), hello.size(), &c) == HMC_PROV_OK);
+    std::vector<char> got;
+    void* accepted = s.accept(b.listener, &got);
+    REQUIRE(accepted != nullptr);
+    CHECK(got == hello);
+    CHECK(s.wait_connected(c) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, c) == HMC_PROV_OK);
+    CHECK(s.p->close_conn(s.state, accepted) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, a.listener) == HMC_PROV_OK);
+    CHECK(s.p->close_listener(s.state, b.listener) == HMC_PROV_OK);
+  });
+  unsetenv("HMC_TCP_PORT");
+  unsetenv("HMC_UCX_PORT");
+}
+
 namespace {
 // shm's message rings open in this process (memfds named hmc-ring).
 int rings_open() {

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
+#include "common/port_range.h"
 #include "core/config.h"
 
 using namespace hmc::core;
@@ -88,4 +89,22 @@ TEST_CASE("provider parameters join the table and are checked", "[config]") {
   CHECK(listed);
   using Unclaimed = std::vector<std::pair<std::string, std::string>>;
   CHECK(c->unclaimed() == Unclaimed{{"HMC_FAKE_CHUNK", "option"}, {"HMC_TYPO", "option"}});
+}
+
+// HMC_TCP_PORT and HMC_UCX_PORT: 0, a port, or a range of ports (net-providers/common/port_range.h).
+TEST_CASE("listener port settings take a port or a range, nothing else", "[config]") {
+  hmc_net::PortRange r;
+  std::string why;
+  CHECK(hmc_net::parse_port_range("HMC_TCP_PORT", "0", r, why));
+  CHECK((r.lo == 0 && r.hi == 0));
+  CHECK(hmc_net::parse_port_range("HMC_TCP_PORT", "29500", r, why));
+  CHECK((r.lo == 29500 && r.hi == 29500));
+  CHECK(hmc_net::parse_port_range("HMC_TCP_PORT", "29500-29531", r, why));
+  CHECK((r.lo == 29500 && r.hi == 29531));
+  for (const char* bad : {"", "-", "65536", "9-5", "0-10", "10-", "-10", "1-2-3", " 80", "80 ", "0x50", "x"}) {
+    INFO(bad);
+    why.clear();
+    CHECK_FALSE(hmc_net::parse_port_range("HMC_TCP_PORT", bad, r, why));
+    CHECK(why.find("HMC_TCP_PORT='") == 0);
+  }
 }
