@@ -81,9 +81,10 @@ std::shared_ptr<Operation> CommImpl::put(int peer, const void* src, std::size_t 
     if (Status s = ctx_.copy(host->data(), src, bytes); !s.ok()) return Operation::failed(s);
     src = host->data();
   }
-  if (bytes == 0) {
-    if (notify) notify_after_puts(p, *notify, OnEnd::completes_with(op, 0));
-    else op->complete(0);
+  // An empty put moves nothing, but one with a notify is a doorbell: the provider checks
+  // its key first, as for any put, so that a stale key sends no notification (it did).
+  if (bytes == 0 && !notify) {
+    op->complete(0);
     return op;
   }
   void* req = nullptr;

@@ -108,6 +108,8 @@ TEST_CASE("net: puts past the end or with a forged key are refused", "[net][put]
       const auto stale = gone.rkey;
       gone.dereg();
       CHECK(refused(stale, 0, 64) == HMC_PROV_ERR_OUT_OF_BOUNDS);
+      // A zero-length put is checked too: with a notify behind it, it is a doorbell.
+      CHECK(refused(stale, 0, 0) == HMC_PROV_ERR_OUT_OF_BOUNDS);
       CHECK(untouched(gone));
 
       // Random bytes and a truncated key: refused, as out of bounds or invalid.

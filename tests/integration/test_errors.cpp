@@ -220,6 +220,55 @@ TEST_CASE("a put to this rank writes only into a region still registered", "[err
   REQUIRE(test::all_ok(exits));
 }
 
+// A zero-length put with a notify is a doorbell ("block ready"). With a stale key it was
+// completed by core without the provider seeing the key, and the notification went out:
+// now the provider checks the key as for any put, over every provider.
+TEST_CASE("a zero-length put with a stale key sends no notification", "[errors][put]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto s = fast();
+      s["HMC_PROVIDERS"] = "cpu," + provider;
+      auto exits = test::run_ranks(2, s, [](RankEnv& e) {
+        std::vector<uint8_t> region(4096, 0);
+        if (e.rank == 1) {
+          std::vector<uint8_t> keys[2];
+          {
+            auto gone = e.comm.register_memory(region.data(), 2048);
+            HMC_EXPECT(gone.ok(), gone.status().to_string());
+            keys[0] = gone->pack().bytes;
+          }  // destroyed: its key is stale
+          auto live = e.comm.register_memory(region.data() + 2048, 2048);
+          HMC_EXPECT(live.ok(), live.status().to_string());
+          keys[1] = live->pack().bytes;
+          for (auto& k : keys) {
+            uint64_t n = k.size();
+            HMC_EXPECT_OK(e.comm.send(&n, sizeof(n), 0, 1));
+            HMC_EXPECT_OK(e.comm.send(k.data(), k.size(), 0, 2));
+          }
+          auto got = e.comm.wait_notify(0, std::chrono::seconds(5));
+          HMC_EXPECT(got.ok() && got.value() == 9, "the live doorbell: " + (got.ok() ? std::to_string(got.value()) : got.status().to_string()));
+          HMC_EXPECT_OK(e.comm.barrier());
+          return 0;
+        }
+        RemoteKey keys[2];
+        for (auto& k : keys) {
+          uint64_t n = 0;
+          HMC_EXPECT_OK(e.comm.recv(&n, sizeof(n), 1, 1));
+          k.bytes.resize(n);
+          HMC_EXPECT_OK(e.comm.recv(k.bytes.data(), n, 1, 2));
+        }
+        Status stale = e.comm.put(1, nullptr, 0, keys[0], 0, 7).wait();
+        HMC_EXPECT(stale.code() == ErrorCode::kOutOfBounds, "stale doorbell: " + stale.to_string());
+        HMC_EXPECT_OK(e.comm.put(1, nullptr, 0, keys[1], 0, 9).wait());  // the first the target sees
+        HMC_EXPECT_OK(e.comm.barrier());
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
 TEST_CASE("a killed peer fails pending operations with peer lost", "[errors][peer-lost]") {
   with_killed_peer([](RankEnv& e) {
     std::vector<uint8_t> big(256u << 20, e.rank == 1 ? 3 : 0);
