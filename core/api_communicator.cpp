@@ -22,8 +22,7 @@ Status check_peer(const core::CommImpl* c, int peer) {
 Status check_p2p(const core::CommImpl* c, const void* buf, std::size_t bytes, int peer, uint64_t tag) {
   HMC_RETURN_IF_ERROR(check_peer(c, peer));
   if (!buf && bytes) return {ErrorCode::kInvalidArgument, "null buffer with " + std::to_string(bytes) + " bytes"};
-  if (bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(buf))
-    return {ErrorCode::kInvalidArgument, std::to_string(bytes) + " bytes past the pointer overrun the address space"};
+  HMC_RETURN_IF_ERROR(core::check_extent(buf, bytes, ""));
   if (tag & kReservedTagBit) return {ErrorCode::kInvalidArgument, "tags with the top bit set are reserved for collectives"};
   return c->usable();
 }

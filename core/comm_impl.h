@@ -46,6 +46,8 @@ namespace hmc::core {
 
 // A provider's error code and message as a Status naming `who` (p2p.cpp).
 Status from_provider(int rc, const char* msg, const std::string& who);
+// kInvalidArgument, its text after `what`, where `bytes` from `ptr` run past the address space.
+Status check_extent(const void* ptr, std::size_t bytes, const char* what);
 
 // A callback for each part of a send (a put, the FIN behind it, ...): the first failure
 // fails `op`, and once *parts of them ran without one, `op` completes with `bytes`.

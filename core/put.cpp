@@ -10,15 +10,22 @@
 #include "core/comm_impl.h"
 
 namespace hmc::core {
+
+Status check_extent(const void* ptr, std::size_t bytes, const char* what) {
+  if (bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(ptr))
+    return {ErrorCode::kInvalidArgument,
+            what + std::to_string(bytes) + " bytes past the pointer overrun the address space"};
+  return {};
+}
+
 namespace {
 
 // Host memory that peers will write into must be mapped in this process, all of it: a put
 // into an address that is not would kill the process where a provider copies with memcpy.
 // msync(MS_ASYNC) checks the pages' mappings and does nothing else.
 Status check_mapped(const void* ptr, std::size_t bytes) {
+  HMC_RETURN_IF_ERROR(check_extent(ptr, bytes, "register_memory: "));
   const auto start = reinterpret_cast<uintptr_t>(ptr);
-  if (bytes > UINTPTR_MAX - start)
-    return {ErrorCode::kInvalidArgument, "register_memory: " + std::to_string(bytes) + " bytes past the pointer overrun the address space"};
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t lo = start & ~(page - 1);
   if (msync(reinterpret_cast<void*>(lo), start + bytes - lo, MS_ASYNC) != 0 && errno == ENOMEM)
