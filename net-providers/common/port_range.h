@@ -37,4 +37,18 @@ inline bool parse_port_range(const std::string& name, const std::string& text, P
   return ok;
 }
 
+// Calls bind_at(port) for each port of `r` in turn (0 once: an ephemeral port) until it
+// returns true, or it failed other than for the port being in use (in_use() false), or the
+// range is spent. Returns the port tried last.
+template <class Bind, class InUse>
+uint16_t first_free_port(const PortRange& r, Bind&& bind_at, InUse&& in_use) {
+  for (uint16_t p = r.lo;; ++p)
+    if (bind_at(p) || !in_use() || p >= r.hi) return p;
+}
+
+// Why a listener could not bind where every port of a range was in use.
+inline std::string ports_taken(const std::string& name, const PortRange& r, const std::string& where) {
+  return "every port of " + name + "=" + std::to_string(r.lo) + "-" + std::to_string(r.hi) + " is in use on " + where;
+}
+
 }  // namespace hmc_net

@@ -120,26 +120,24 @@ class TcpProvider final : public hmc_net::StreamProvider {
     }
     // The first port of the range that is free (one try for an ephemeral port).
     tcp::acceptor a(io());
-    uint16_t port = ports_.lo;
-    for (;; ++port) {
-      tcp::endpoint ep(ip, port);
+    const auto in_use = [&] { return ec == boost::asio::error::address_in_use; };
+    const uint16_t port = hmc_net::first_free_port(ports_, [&](uint16_t p) {
+      boost::system::error_code ignored;
+      a.close(ignored);  // the last try's
+      const tcp::endpoint ep(ip, p);
       ec = {};
       a.open(ep.protocol(), ec);
       if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) tune(a);  // accepted sockets inherit the buffer sizes (and the window scale)
       if (!ec) a.bind(ep, ec);
       if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
-      if (!ec || ec != boost::asio::error::address_in_use || port >= ports_.hi) break;
-      boost::system::error_code ignored;
-      a.close(ignored);
-    }
+      return !ec;
+    }, in_use);
     tcp::endpoint local;
     if (!ec) local = a.local_endpoint(ec);
     if (ec) {
-      why = "cannot listen on " + format_endpoint(ip, port) + ": " + ec.message();
-      if (ports_.hi > ports_.lo && ec == boost::asio::error::address_in_use)
-        why = "cannot listen on " + bind + ": every port of HMC_TCP_PORT=" + std::to_string(ports_.lo) + "-" +
-              std::to_string(ports_.hi) + " is in use";
+      why = ports_.hi > ports_.lo && in_use() ? hmc_net::ports_taken("HMC_TCP_PORT", ports_, bind)
+                                                : "cannot listen on " + format_endpoint(ip, port) + ": " + ec.message();
       return HMC_PROV_ERR_UNAVAILABLE;
     }
     // Peers cannot dial 0.0.0.0: publish the hint, or loopback without one.

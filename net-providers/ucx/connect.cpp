@@ -21,17 +21,16 @@ int Provider::listen(const char* host_hint, void* addr, size_t addr_cap, size_t*
   const std::string hint = host_hint != nullptr ? host_hint : "";
   const std::string bind = !bind_addr_.empty() ? bind_addr_ : !hint.empty() ? hint : "0.0.0.0";
   // The first port of HMC_UCX_PORT's range that is free (one try for an ephemeral port).
-  uint16_t port = ports_.lo;
+  uint16_t port = 0;
   std::string why;
   int fd = -1;
-  for (uint16_t p = ports_.lo;; ++p) {
-    port = p;
-    fd = listen_socket(bind, port, why);
-    if (fd >= 0 || errno != EADDRINUSE || p >= ports_.hi) break;
-  }
+  const auto in_use = [] { return errno == EADDRINUSE; };
+  hmc_net::first_free_port(ports_, [&](uint16_t p) {
+    port = p;  // listen_socket sets the ephemeral one it got
+    return (fd = listen_socket(bind, port, why)) >= 0;
+  }, in_use);
   if (fd < 0) {
-    if (ports_.hi > ports_.lo && errno == EADDRINUSE)
-      why = "every port of HMC_UCX_PORT=" + std::to_string(ports_.lo) + "-" + std::to_string(ports_.hi) + " is in use on " + bind;
+    if (ports_.hi > ports_.lo && in_use()) why = hmc_net::ports_taken("HMC_UCX_PORT", ports_, bind);
     host_.log(HMC_LOG_WARN, "listen failed: " + why);
     return HMC_PROV_ERR_UNAVAILABLE;
   }
