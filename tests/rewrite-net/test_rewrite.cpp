@@ -136,6 +136,11 @@ TEST_CASE("a provider that reports more bytes than a receive holds loses the pee
         if (e.rank == 0) {
           HMC_EXPECT_OK(e.comm.recv(&go, sizeof(go), 1, 1));
           HMC_EXPECT_OK(e.comm.isend(&value, sizeof(value), 1, 2).wait(kWait));
+          // Stay until rank 1 has judged the message: leaving now could reach rank 1 as a lost
+          // control plane before its provider reports the bytes (seen once in CI). Rank 1's
+          // abort ends this receive.
+          Status s = e.comm.irecv(&got, sizeof(got), 1, 3).wait(kWait);
+          HMC_EXPECT(s.code() == ErrorCode::kPeerLost, "waiting for rank 1: " + s.to_string());
           e.comm.abort();
           return 0;
         }
