@@ -23,10 +23,11 @@ struct RemoteKey {
 // deregisters it: later puts with its key are refused) before freeing the memory. A peer's
 // put into memory freed under a live region writes wherever the address now leads: into
 // another allocation made there, or, over tcp and ucx, a fault that kills this process.
-// Destroying the region refuses the puts that come after it; over shm (where the peer
-// copies into this process itself) a put that passed its check just before may still be
-// landing, up to 4 MiB of it for about a millisecond. Free or reuse memory a peer may be
-// putting into only once that peer has said it stopped (its notify, a message).
+// Destroying the region refuses the puts that come after it, and returns only once no
+// byte of a put lands there any more (over shm, where the peer copies into this process
+// itself, it waits for a copy under way: at most a few milliseconds, up to 10 s for a peer
+// that stopped in the middle, then an error in the log). The peer's puts fail; to keep
+// them from failing, free memory a peer may be putting into once it said it stopped.
 class MemoryRegion {
  public:
   MemoryRegion();  // empty: registers nothing (defined where Registration is complete)

@@ -236,7 +236,9 @@ int Connection::put(const void* src, size_t len, const Rkey& rkey, uint64_t offs
   // Ring messages would overtake a put through the socket (shm maps rings only
   // where direct puts work).
   if (tx_mode_ == TxMode::ring && !direct) return HMC_PROV_ERR_UNSUPPORTED;
-  if (direct && len <= kCallerPutMax && send_q_.empty() && !direct_busy_ && !caller_putting_) {
+  // Direct puts wait for the peer's ring offer (put_ring).
+  if (direct && len <= kCallerPutMax && tx_mode_ != TxMode::pending && send_q_.empty() &&
+      !direct_busy_ && !caller_putting_) {
     caller_put(lock, *item.direct, req);
     return HMC_PROV_OK;
   }

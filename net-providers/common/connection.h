@@ -121,7 +121,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ring_idle() {
     if (rx_ring_) rx_ring_->stamp_polling(0);
   }
-  bool has_ring() const { return rx_ring_ != nullptr; }
+  bool has_ring() const { return rx_ring_ != nullptr && rx_ring_->carries_messages(); }
+
+  // Direct puts (shm). The peer's ring, whose put_region marks this side's put steps
+  // (msg_ring.h); nullptr when there is none. Set before tx_mode_ leaves pending, and
+  // no direct put runs before that, so a put step may read it without the lock.
+  SharedRing* put_ring() const { return tx_ring_.get(); }
+  // This side's ring, whose put_region shows the peer's put step (kept past close).
+  const std::shared_ptr<SharedRing>& rx_ring() const { return rx_ring_; }
 
   // io thread: fail everything pending with `code` and close the socket.
   void close(int code, const std::string& why);
@@ -278,7 +285,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // This side's ring and the reader's state. The ring is made by queue_hello (connector)
   // or taken (acceptor), before any other thread sees the connection.
   void make_ring();
-  std::unique_ptr<SharedRing> rx_ring_;
+  std::shared_ptr<SharedRing> rx_ring_;
   std::mutex rx_mu_;
   RingIn ring_in_;
   bool rx_closed_ = false;

@@ -13,12 +13,13 @@ bool Connection::is_msg(const OutItem& item) const {
 }
 
 // The peer's offer arrived (io thread): this side's messages take the ring from
-// now on if it can be mapped, else the socket.
+// now on if it can be mapped and carries messages, else the socket. Direct puts,
+// held until now, may run (they mark their steps in the ring).
 void Connection::on_offer() {
   auto ring = owner_.map_peer_ring(*this, offer_in_);
   std::lock_guard lock(mu_);
   tx_ring_ = std::move(ring);
-  tx_mode_ = tx_ring_ ? TxMode::ring : TxMode::socket;
+  tx_mode_ = tx_ring_ && tx_ring_->carries_messages() ? TxMode::ring : TxMode::socket;
   if (!send_q_.empty()) kick_locked();
 }
 

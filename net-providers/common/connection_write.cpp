@@ -38,7 +38,7 @@ void Connection::pump_turn() {
         std::lock_guard lock(mu_);
         if (caller_putting_) break;  // the queue waits behind it; it kicks when done
         if (tx_mode_ == TxMode::ring) wake_due_ |= fill_ring_locked();
-        if (!send_q_.empty() && send_q_.front().direct) {
+        if (!send_q_.empty() && send_q_.front().direct && tx_mode_ != TxMode::pending) {
           direct_ = std::make_unique<OutItem>(std::move(send_q_.front()));
           send_q_.pop_front();
           direct_busy_ = true;  // messages behind it wait (connection.h)

@@ -18,7 +18,7 @@ namespace hmc_net {
 namespace {
 
 constexpr uint32_t kRingMagic = 0x474e5248;  // "HRNG"
-constexpr uint32_t kRingVersion = 1;
+constexpr uint32_t kRingVersion = 2;  // 2: messages, put_region
 constexpr uint64_t kAlign = 16;
 constexpr uint64_t kDataOffset = (sizeof(RingControl) + 63) / 64 * 64;
 // A record is worth writing when it carries the whole rest or at least this much.
@@ -44,7 +44,7 @@ SharedRing::~SharedRing() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, std::string& why) {
+std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, bool messages, std::string& why) {
   const uint64_t cap = std::bit_ceil(std::max<uint64_t>(capacity, kMinCapacity));
   const size_t bytes = kDataOffset + cap;
   const int fd = create_sealed_memfd("hmc-ring", bytes, why);
@@ -62,7 +62,10 @@ std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, std::string& why
   ctl->magic = kRingMagic;
   ctl->version = kRingVersion;
   ctl->capacity = cap;
-  return std::unique_ptr<SharedRing>(new SharedRing(fd, base, bytes));
+  ctl->messages = messages ? 1 : 0;
+  auto ring = std::unique_ptr<SharedRing>(new SharedRing(fd, base, bytes));
+  ring->messages_ = messages;
+  return ring;
 }
 
 std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, uint64_t bytes,
@@ -93,7 +96,9 @@ std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, uint64_t by
     munmap(base, bytes);
     return nullptr;
   }
-  return std::unique_ptr<SharedRing>(new SharedRing(-1, base, bytes));
+  auto ring = std::unique_ptr<SharedRing>(new SharedRing(-1, base, bytes));
+  ring->messages_ = ctl->messages != 0;
+  return ring;
 }
 
 RingOffer SharedRing::offer() const {

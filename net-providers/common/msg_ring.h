@@ -17,6 +17,17 @@
 // the io thread and wakes the host. A writer that finds the ring full sets
 // `want_space`; the reader that frees space then rings a bell the other way.
 //
+// Puts. A ring also carries `put_region`: the writer's direct put (shm) stores
+// 1 + the region it is writing into before it checks the region's descriptor,
+// and 0 when the step is done; the reader's deregistration clears the region's
+// key, then waits for that word to leave the region (stream_provider.cpp,
+// dereg_mem). Each side fences between its store and its load, so either the
+// put sees the cleared key or the deregistration sees the put. When the reader
+// closes the connection it sets `puts_shut`, which the writer checks the same
+// way before a step: no put begins after that. A ring made with `messages`
+// false carries only these words: the writer's messages keep to the socket
+// (HMC_SHM_RING=0).
+//
 // The ring's memory is as trusted as the socket: every length read from it is
 // checked before use (RingReader::next), and a bad one closes the connection.
 #pragma once
@@ -51,17 +62,21 @@ struct RingControl {
   uint32_t version;
   uint64_t capacity;  // bytes of the data area, a power of two
   uint64_t probe;     // scratch word a peer may write to test cross-memory attach
+  uint32_t messages;  // 1: the writer sends its messages here; 0: the ring is for put_region only
   alignas(64) std::atomic<uint64_t> tail;       // writer: bytes written
   alignas(64) std::atomic<uint64_t> head;       // reader: bytes consumed
   alignas(64) std::atomic<int64_t> poll_ns;     // reader: last stamp while polling
   alignas(64) std::atomic<uint32_t> want_space;  // writer: waits for the head to move
+  alignas(64) std::atomic<uint64_t> put_region;  // writer: 1 + region of its put step, or 0
+  std::atomic<uint32_t> puts_shut;               // reader: closed, no put step may begin
 };
 
 // One ring mapped in this process (either end). Move-only; unmaps when destroyed.
 class SharedRing {
  public:
-  // A fresh ring of `capacity` data bytes (rounded up to a power of two) in a memfd.
-  static std::unique_ptr<SharedRing> create(size_t capacity, std::string& why);
+  // A fresh ring of `capacity` data bytes (rounded up to a power of two) in a memfd;
+  // `messages` false: for put_region only.
+  static std::unique_ptr<SharedRing> create(size_t capacity, bool messages, std::string& why);
   // Maps the ring behind `path` (shm: /proc/<pid>/fd/<fd>) that a peer offered.
   static std::unique_ptr<SharedRing> map(const std::string& path, uint64_t bytes, std::string& why);
   SharedRing(const SharedRing&) = delete;
@@ -70,6 +85,29 @@ class SharedRing {
 
   RingOffer offer() const;
   RingControl& control() const { return *ctl_; }
+  // Whether the writer sends messages through this ring (read once, by map).
+  bool carries_messages() const { return messages_; }
+
+  // Writer (one step at a time): a direct put step into `region` begins, ordered
+  // before the descriptor check that follows; false (nothing marked) when the
+  // reader has shut puts.
+  bool put_begin(uint64_t region) {
+    ctl_->put_region.store(region + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl_->puts_shut.load(std::memory_order_relaxed) == 0) return true;
+    put_end();
+    return false;
+  }
+  // Writer: the step's bytes are in place.
+  void put_end() { ctl_->put_region.store(0, std::memory_order_release); }
+  // Reader: 1 + the region the writer's put step is writing into, or 0.
+  uint64_t put_region() const { return ctl_->put_region.load(std::memory_order_acquire); }
+  // Reader, closing: no put step begins from now on; true when one is under way.
+  bool shut_puts() {
+    ctl_->puts_shut.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return ctl_->put_region.load(std::memory_order_relaxed) != 0;
+  }
 
   // Writer. Appends one record with as much of msg[done, total) as fits and
   // advances `done`; false when the ring is too full for a worthwhile record.
@@ -109,6 +147,7 @@ class SharedRing {
   RingControl* ctl_;
   char* data_;
   uint64_t cap_ = 0;
+  bool messages_ = true;
   uint64_t pos_ = 0;  // this end's own index (writer: tail, reader: head), kept locally
 };
 

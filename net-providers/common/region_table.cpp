@@ -98,10 +98,11 @@ void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   return s;
 }
 
-bool RegionTable::remove(void* handle) {
+bool RegionTable::remove(void* handle, uint64_t* id) {
   std::lock_guard lock(mu_);
   auto* s = static_cast<Slot*>(handle);
   if (live_.erase(s) == 0) return false;
+  if (id != nullptr) *id = s->id;
   s->desc->key.store(0, std::memory_order_release);
   s->desc->check.store(0, std::memory_order_relaxed);
   s->key = 0;

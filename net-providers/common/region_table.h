@@ -89,7 +89,7 @@ class RegionTable {
   bool share_descriptors(std::string& why);
 
   void* add(void* ptr, uint64_t len, const RegionFile& file = {});
-  bool remove(void* handle);
+  bool remove(void* handle, uint64_t* id = nullptr);  // `id`: the region's, for PutFence
   bool info(void* handle, RegionInfo& out);
 
   std::mutex& mutex() { return mu_; }

@@ -46,6 +46,8 @@ void StreamProvider::shutdown() {
     for (auto& [k, c] : conns) c->close(HMC_PROV_ERR_CLOSED, "provider finalized");
   });
   for (auto& [k, l] : listeners) listener_closed(l->addr());
+  for (auto& [k, c] : conns) put_fence_.closed({c->rx_ring(), c->peer_pid()});
+  put_fence_.drain(host_);
   // Every socket is closed: run() returns once the aborted handlers ran.
   work_.reset();
   thread_.join();
@@ -237,6 +239,8 @@ int StreamProvider::close_conn(void* conn) {
   }
   // On the io thread, so no read or write is touching a user buffer afterwards.
   run_sync([&] { c->close(HMC_PROV_ERR_CLOSED, "connection closed"); });
+  // Nor a peer's single-copy put, once the deregistration has waited (put_fence.h).
+  put_fence_.closed({c->rx_ring(), c->peer_pid()});
   return HMC_PROV_OK;
 }
 
@@ -275,7 +279,22 @@ int StreamProvider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
 }
 
 int StreamProvider::dereg_mem(void* mr) {
-  return regions_.remove(mr) ? HMC_PROV_OK : HMC_PROV_ERR_INVALID;
+  uint64_t id = 0;
+  if (!regions_.remove(mr, &id)) return HMC_PROV_ERR_INVALID;
+  // A peer's single-copy put that checked the key before it was cleared ends first.
+  if (uses_rings()) put_fence_.wait(id, rings_marking(id), host_);
+  return HMC_PROV_OK;
+}
+
+std::vector<PutFence::Ring> StreamProvider::rings_marking(uint64_t id) {
+  PutFence::after_clear();
+  std::vector<PutFence::Ring> out;
+  std::lock_guard lock(mu_);
+  for (auto& [k, c] : conns_) {
+    const auto& ring = c->rx_ring();
+    if (ring && PutFence::marks(*ring, id)) out.push_back({ring, c->peer_pid()});
+  }
+  return out;
 }
 
 int StreamProvider::pack_rkey(void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len) {

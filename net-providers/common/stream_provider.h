@@ -23,6 +23,7 @@
 #include "common/connection.h"
 #include "common/host.h"
 #include "common/listener.h"
+#include "common/put_fence.h"
 #include "common/region_table.h"
 #include "common/request.h"
 #include "hmc/provider/net.h"
@@ -112,12 +113,15 @@ class StreamProvider {
   void run_sync(const std::function<void()>& fn);
   std::shared_ptr<Connection> find_conn(void* conn);
   void update_rings_locked();
+  // After region `id`'s key was cleared: the open connections' rings that show a step into it.
+  std::vector<PutFence::Ring> rings_marking(uint64_t id);
 
   Host host_;
   boost::asio::io_context io_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::thread thread_;
   RegionTable regions_;
+  PutFence put_fence_;
   RequestTable requests_;
   std::mutex mu_;
   std::unordered_map<void*, std::shared_ptr<Connection>> conns_;

@@ -34,8 +34,12 @@
  * one process_vm_writev into the ring first), so no put goes through the
  * socket behind a message; elsewhere, or with HMC_SHM_RING=0, messages use
  * the socket.
- * Limits: messages up to 1 GiB; deregistering a region while a peer may still
- * put into it is a host error (the peer's write may already be under way).
+ * Deregistration: each direct put step is marked in the target's ring of the
+ * connection before it checks the descriptor, and dereg_mem waits until no
+ * ring shows the region (common/put_fence.h), so no byte lands after it
+ * returns. With HMC_SHM_RING=0 the ring is made for that mark alone; where
+ * the peer's ring cannot be mapped, puts go through the socket.
+ * Limits: messages up to 1 GiB.
  * Props are model inputs for the cost model, not measurements.
  */
 #include <sys/prctl.h>
@@ -154,11 +158,12 @@ class ShmProvider final : public hmc_net::StreamProvider {
 
   bool uses_rings() const override { return true; }
 
+  // With HMC_SHM_RING=0 the ring carries only the peer's put marks (msg_ring.h).
   std::unique_ptr<hmc_net::SharedRing> make_rx_ring() override {
-    if (!cma_ || ring_ == 0) return nullptr;  // peers would not use it: puts go through the socket
+    if (!cma_) return nullptr;  // peers would not use it: puts go through the socket
     std::string why;
-    auto ring = hmc_net::SharedRing::create(ring_, why);
-    if (!ring) host().log(HMC_LOG_INFO, why + "; messages to this process go through the socket");
+    auto ring = hmc_net::SharedRing::create(ring_, ring_ != 0, why);
+    if (!ring) host().log(HMC_LOG_INFO, why + "; messages and puts to this process go through the socket");
     return ring;
   }
 
@@ -275,7 +280,7 @@ std::unique_ptr<hmc_net::SharedRing> ShmProvider::map_peer_ring(Connection& conn
       "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(offer.fd), offer.bytes, why);
   if (!ring) {
     host().log(HMC_LOG_INFO, "cannot map the message ring of " + conn.peer() + " (" + why +
-                                 "); messages to it go through the socket");
+                                 "); messages and puts to it go through the socket");
   }
   return ring;
 }
@@ -289,8 +294,24 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
     return HMC_PROV_ERR_PEER_LOST;
   };
 
-  // Queued before the connection knew its peer could not be attached to.
-  if (put.done == 0 && (!conn.direct_ok() || pid <= 0)) return hmc_net::kDirectUseStream;
+  // Queued before the connection knew its peer could not be attached to, or the peer's
+  // ring could not be mapped: without it, the peer's deregistration could not wait for
+  // this step (common/put_fence.h), so the target checks the put itself.
+  hmc_net::SharedRing* ring = conn.put_ring();
+  if (put.done == 0 && (!conn.direct_ok() || pid <= 0 || ring == nullptr)) return hmc_net::kDirectUseStream;
+  if (ring == nullptr) {
+    why = "put to " + conn.peer() + ": no ring to mark it in";
+    return HMC_PROV_ERR_INTERNAL;
+  }
+  // Marked before the descriptor check, cleared once the step's bytes are in place.
+  if (!ring->put_begin(region)) {
+    why = "peer lost: " + conn.peer() + " closed the connection during a put to it";
+    return HMC_PROV_ERR_PEER_LOST;
+  }
+  struct StepEnd {
+    hmc_net::SharedRing* ring;
+    ~StepEnd() { ring->put_end(); }
+  } step_end{ring};
 
   // The target's table is the authority: read the region descriptor every step.
   hmc_net::DescWords desc{};

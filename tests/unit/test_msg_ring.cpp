@@ -1,11 +1,14 @@
 // The shared-memory message ring of the stream providers (net-providers/common/msg_ring.h):
 // a writer and a reader thread, each with its own mapping of one memfd, as two processes
-// would have.
+// would have; and the put marks a deregistration waits for (put_fence.h).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "common/msg_ring.h"
+#include "common/put_fence.h"
 
 using hmc_net::RingRecord;
 using hmc_net::SharedRing;
@@ -38,7 +42,7 @@ std::vector<char> random_message(std::mt19937_64& rng, size_t max) {
 
 TEST_CASE("message ring: messages of any size arrive whole and in order", "[ring]") {
   std::string why;
-  auto reader = SharedRing::create(64 << 10, why);
+  auto reader = SharedRing::create(64 << 10, true, why);
   REQUIRE(reader != nullptr);
   auto writer = map_of(*reader);
   const uint64_t seed = std::random_device{}();
@@ -94,7 +98,7 @@ TEST_CASE("message ring: messages of any size arrive whole and in order", "[ring
 
 TEST_CASE("message ring: the reader refuses what a broken writer left", "[ring]") {
   std::string why;
-  auto reader = SharedRing::create(64 << 10, why);
+  auto reader = SharedRing::create(64 << 10, true, why);
   REQUIRE(reader != nullptr);
   auto writer = map_of(*reader);
   const char msg[] = "hello";
@@ -147,7 +151,7 @@ TEST_CASE("message ring: only a ring of this version maps; idle readers are seen
   CHECK(SharedRing::map(path, 4096, why) == nullptr);
   close(fd);
 
-  auto reader = SharedRing::create(1, why);  // rounded up to the minimum
+  auto reader = SharedRing::create(1, true, why);  // rounded up to the minimum
   REQUIRE(reader != nullptr);
   // The ring it offers cannot change size, so a peer may map it.
   const int offered = static_cast<int>(reader->offer().fd);
@@ -160,4 +164,112 @@ TEST_CASE("message ring: only a ring of this version maps; idle readers are seen
   reader->stamp_polling(now);
   CHECK_FALSE(writer->reader_idle(now + 1000));
   CHECK(writer->reader_idle(now + 2 * SharedRing::kIdleNs));
+}
+
+TEST_CASE("message ring: put marks, and a closed ring lets no put step begin", "[ring][put]") {
+  std::string why;
+  auto reader = SharedRing::create(64 << 10, false, why);
+  REQUIRE(reader != nullptr);
+  auto writer = map_of(*reader);
+  CHECK_FALSE(writer->carries_messages());  // HMC_SHM_RING=0: marks only
+  CHECK(reader->put_region() == 0);
+  REQUIRE(writer->put_begin(7));
+  CHECK(reader->put_region() == 8);
+  writer->put_end();
+  CHECK(reader->put_region() == 0);
+
+  REQUIRE(writer->put_begin(0));
+  CHECK(reader->shut_puts());  // a step under way
+  writer->put_end();
+  CHECK_FALSE(writer->put_begin(3));
+  CHECK(reader->put_region() == 0);
+  CHECK_FALSE(reader->shut_puts());
+}
+
+namespace {
+
+std::vector<std::string> fence_logs;
+
+hmc_net::Host test_host() {
+  hmc_host_services_t services{};
+  services.struct_size = sizeof(services);
+  services.log = [](void*, int, const char*, const char* message) { fence_logs.emplace_back(message); };
+  return hmc_net::Host(services, "test");
+}
+
+}  // namespace
+
+TEST_CASE("put fence: a deregistration waits for the put step into its region only", "[ring][put]") {
+  std::string why;
+  auto open_ring = std::shared_ptr<SharedRing>(SharedRing::create(64 << 10, true, why));
+  auto closed_ring = std::shared_ptr<SharedRing>(SharedRing::create(64 << 10, true, why));
+  REQUIRE(open_ring != nullptr);
+  REQUIRE(closed_ring != nullptr);
+  auto open_writer = map_of(*open_ring);
+  auto closed_writer = map_of(*closed_ring);
+  hmc_net::Host host = test_host();
+  hmc_net::PutFence fence;
+  const pid_t self = getpid();
+
+  // Another region's step does not hold the deregistration up.
+  REQUIRE(open_writer->put_begin(5));
+  const auto t0 = std::chrono::steady_clock::now();
+  fence.wait(4, {{open_ring, self}}, host);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+
+  // Its own does, until the step ends.
+  std::atomic<bool> ended{false};
+  std::thread step([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ended = true;
+    open_writer->put_end();
+  });
+  fence.wait(5, {{open_ring, self}}, host);
+  CHECK(ended.load());
+  step.join();
+
+  // A ring closed during a step is kept for it; one closed without a step is not.
+  REQUIRE(closed_writer->put_begin(9));
+  fence.closed({closed_ring, self});
+  std::atomic<bool> closed_ended{false};
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    closed_ended = true;
+    closed_writer->put_end();
+  });
+  fence.wait(9, {}, host);
+  CHECK(closed_ended.load());
+  late.join();
+  CHECK_FALSE(closed_writer->put_begin(9));  // nothing new begins after the close
+  CHECK(fence_logs.empty());
+}
+
+TEST_CASE("put fence: a writer that died in its step is not waited for, unreaped or not", "[ring][put]") {
+  std::string why;
+  auto ring = std::shared_ptr<SharedRing>(SharedRing::create(64 << 10, true, why));
+  REQUIRE(ring != nullptr);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the mapping is shared with the parent: mark a step and die in it
+    ring->put_begin(2);
+    _exit(0);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() { waitpid(pid, nullptr, 0); }
+  } reap{child};
+  // Left a zombie: the parent has not reaped it yet.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  siginfo_t info{};
+  while (std::chrono::steady_clock::now() < deadline &&
+         (waitid(P_PID, child, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != child))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(info.si_pid == child);
+  REQUIRE(ring->put_region() == 3);
+  hmc_net::Host host = test_host();
+  hmc_net::PutFence fence;
+  const auto t0 = std::chrono::steady_clock::now();
+  fence.wait(2, {{ring, child}}, host);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(fence_logs.empty());
 }

@@ -138,7 +138,11 @@ typedef struct hmc_net_provider {
   int (*send_msg)(void* state, void* conn, const void* buf, size_t len, void** req);
   int (*recv_msg)(void* state, void* conn, void* buf, size_t cap, void** req);
 
-  /* Register memory as a put target; pack its remote key for peers. */
+  /* Register memory as a put target; pack its remote key for peers. Once
+   * dereg_mem returns, no byte of any peer's put lands in the region: a put
+   * already under way finishes or stops first, and later ones with its key fail
+   * with HMC_PROV_ERR_OUT_OF_BOUNDS (the host may free the memory then).
+   * Ranges of mem_alloc memory are exempt: peers may write it directly. */
   int (*reg_mem)(void* state, void* ptr, size_t bytes, int mem_kind, void** mr);
   int (*dereg_mem)(void* state, void* mr);
   int (*pack_rkey)(void* state, void* mr, void* rkey, size_t rkey_cap, size_t* rkey_len);
