@@ -93,7 +93,11 @@ void Connection::start_connect(const Endpoint& endpoint) {
       self->close(HMC_PROV_ERR_REFUSED, "connect to " + self->peer_ + " failed: " + ec.message());
       return;
     }
-    self->owner_.on_open(*self);
+    std::string why;
+    if (!self->owner_.on_open(*self, why)) {
+      self->close(HMC_PROV_ERR_REFUSED, why);
+      return;
+    }
     {
       std::lock_guard lock(self->mu_);
       self->state_.store(HMC_PROV_OK, std::memory_order_release);
@@ -107,7 +111,12 @@ void Connection::start_connect(const Endpoint& endpoint) {
 void Connection::start_accepted(HelloHandler on_hello) {
   on_hello_ = std::move(on_hello);
   awaiting_hello_ = true;
-  owner_.on_open(*this);
+  std::string why;
+  if (!owner_.on_open(*this, why)) {
+    owner_.host().log(HMC_LOG_INFO, "refused a connection: " + why);
+    close(HMC_PROV_ERR_REFUSED, why);
+    return;
+  }
   state_.store(HMC_PROV_OK, std::memory_order_release);
   start_reading();
 }

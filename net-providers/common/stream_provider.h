@@ -77,8 +77,9 @@ class StreamProvider {
   void idle();
 
   // Transport hooks called by Connection on the io thread.
-  // After connect/accept: socket options, peer description, peer pid.
-  virtual void on_open(Connection& conn) = 0;
+  // After connect/accept: socket options, peer description, peer pid. False with `why`
+  // refuses the peer: the connection closes (HMC_PROV_ERR_REFUSED).
+  virtual bool on_open(Connection& conn, std::string& why) = 0;
   // One step (at most `budget` bytes) of a direct put: 0 done, kDirectMore,
   // kDirectUseStream, or HMC_PROV_ERR_* with `why`.
   virtual int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why);

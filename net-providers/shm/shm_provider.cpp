@@ -3,7 +3,8 @@
  *
  * Capabilities: MSG, PUT, SAME_HOST, MEM_HOST, SINGLE_COPY (host memory only).
  * Control and messages go over a Unix stream socket bound to a filesystem path
- * in HMC_SHM_DIR, so peers in other network namespaces (same filesystem) can
+ * in HMC_SHM_DIR (mode 0600: peers are processes of this user, which on_open
+ * checks too), so peers in other network namespaces (same filesystem) can
  * connect; the path is unlinked by close_listener and fini, and the first
  * provider of a process unlinks those that killed processes left (stale_sockets.h).
  * Puts are single copy: the initiator reads the target region's descriptor
@@ -137,13 +138,21 @@ class ShmProvider final : public hmc_net::StreamProvider {
     return HMC_PROV_OK;
   }
 
-  void on_open(Connection& conn) override {
+  // Only processes of this user are peers (the socket file is 0600 too): they may
+  // write this process's memory, and it theirs.
+  bool on_open(Connection& conn, std::string& why) override {
     ucred cred{};
     socklen_t len = sizeof(cred);
-    int pid = 0;
-    if (::getsockopt(conn.socket().native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      pid = cred.pid;
+    if (::getsockopt(conn.socket().native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      why = std::string("cannot read the peer's credentials: ") + strerror(errno);
+      return false;
     }
+    if (cred.uid != ::geteuid()) {
+      why = "peer pid " + std::to_string(cred.pid) + " runs as uid " + std::to_string(cred.uid) +
+            ", this process as uid " + std::to_string(::geteuid()) + " (shm connects processes of one user)";
+      return false;
+    }
+    const int pid = cred.pid;
     conn.set_peer_pid(pid);
     std::string who = "pid " + std::to_string(pid);
     conn.set_peer(conn.peer().empty() ? who : who + " at " + conn.peer());
@@ -152,6 +161,7 @@ class ShmProvider final : public hmc_net::StreamProvider {
       host().log(HMC_LOG_INFO, "peer pid not visible (another pid namespace?); puts to " +
                                    conn.peer() + " go through the socket");
     }
+    return true;
   }
 
   int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) override;
@@ -206,6 +216,8 @@ class ShmProvider final : public hmc_net::StreamProvider {
     stream_protocol::acceptor a(io());
     a.open(stream_protocol(), ec);
     if (!ec) a.bind(stream_protocol::endpoint(path), ec);
+    // Before listen: no connection of another user is ever queued (on_open checks it too).
+    if (!ec && ::chmod(path.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
     if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
     if (ec) {
       why = "cannot listen on " + path + ": " + ec.message();

@@ -94,7 +94,7 @@ class TcpProvider final : public hmc_net::StreamProvider {
     return HMC_PROV_OK;
   }
 
-  void on_open(Connection& conn) override {
+  bool on_open(Connection& conn, std::string&) override {
     boost::system::error_code ec;
     tune(conn.socket());
     conn.socket().set_option(boost::asio::ip::tcp::no_delay(true), ec);
@@ -102,6 +102,7 @@ class TcpProvider final : public hmc_net::StreamProvider {
       auto ep = conn.socket().remote_endpoint(ec);
       conn.set_peer(ec ? std::string("unknown peer") : describe(ep));
     }
+    return true;
   }
 
  protected:
