@@ -349,6 +349,7 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
+  Status aborted_if_closing(Status s) const;
   // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put.cpp).
   void release_notifies(Peer& p);
   // A NOTIFY whose put has ended: sent now, or queued behind those still waiting for theirs.

@@ -630,12 +630,21 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
   HMC_LOG("core", warn, "unknown control message type {} from {}", h.type, describe(p));
 }
 
+// After abort() every pending operation fails with kAborted (communicator.h), whatever
+// the connections it closes report meanwhile: a peer that saw this rank abort may close
+// its end first, and a send held for credit used to fail with kPeerLost then.
+Status CommImpl::aborted_if_closing(Status s) const {
+  if (s.ok() || s.code() == ErrorCode::kAborted || state_.load() != 2) return s;
+  return {ErrorCode::kAborted, "communicator was aborted (" + s.message() + ")"};
+}
+
 void CommImpl::mark_lost(Peer& p, Status why) {
   if (!p.lost.ok()) return;
   if (why.code() != ErrorCode::kPeerLost && why.code() != ErrorCode::kAborted)
     why = {ErrorCode::kPeerLost, why.message()};
   if (why.message().find("rank " + std::to_string(p.rank)) == std::string::npos)
     why = {why.code(), describe(p) + ": " + why.message()};
+  why = aborted_if_closing(why);
   // Once finalize reached its barrier, or after abort, closing connections is expected.
   if (state_.load() == 0 && !finalizing_.load()) HMC_LOG("core", warn, "peer lost: {}", why.message());
   else HMC_LOG("core", debug, "peer closing: {}", why.message());
@@ -653,7 +662,7 @@ bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
   int rc = p.net->net->test(p.net->state, req, &finished, &bytes, message, sizeof(message));
   if (rc == 0 && !finished) return false;
   message[sizeof(message) - 1] = 0;  // a provider that filled it to the end
-  Status s = rc == 0 ? Status{} : from_provider(rc, message, describe(p));
+  Status s = rc == 0 ? Status{} : aborted_if_closing(from_provider(rc, message, describe(p)));
   end(s);
   if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
   return true;
