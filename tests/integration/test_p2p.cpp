@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -255,6 +257,88 @@ TEST_CASE("a refused put notifies nobody; later notifications keep their order",
           auto extra = e.comm.wait_notify(peer, std::chrono::milliseconds(200));
           HMC_EXPECT(extra.status().code() == ErrorCode::kTimeout,
                      "the refused put's notification arrived: " + (extra.ok() ? std::to_string(extra.value()) : extra.status().to_string()));
+        }
+        return e.comm.barrier().ok() ? 0 : 1;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
+// memory_region.h: destroying a region returns once no byte of a put lands there any more,
+// so the memory may be reused at once. Rank 0 keeps two 16 MiB puts in flight into rank 1's
+// region; rank 1 destroys it after two have landed, overwrites the memory as its next user
+// would and watches it for 20 ms. In processes, so shm's two copies (process_vm_writev into
+// heap memory, memcpy into mapped shareable memory) both run; before put_fence.h up to
+// 4 MiB landed after the destroy.
+TEST_CASE("no byte of a put lands after its region was destroyed", "[put][revoked]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto exits = test::run_ranks(2, over(provider), [](RankEnv& e) {
+        constexpr std::size_t kLen = 16u << 20;
+        constexpr uint8_t kReused = 0x5a;
+        for (int round = 0; round < 6; ++round) {
+          const bool shareable = round % 2 == 1;
+          if (e.rank == 1) {
+            std::vector<uint8_t> heap;
+            Memory mem;
+            uint8_t* buf;
+            if (shareable) {
+              auto m = e.ctx.alloc({"cpu", 0}, kLen, AllocKind::kShareable);
+              HMC_EXPECT(m.ok(), m.status().to_string());
+              mem = std::move(m.value());
+              buf = static_cast<uint8_t*>(mem.data());
+            } else {
+              heap.assign(kLen, 0);
+              buf = heap.data();
+            }
+            auto mr = e.comm.register_memory(buf, kLen);
+            HMC_EXPECT(mr.ok(), mr.status().to_string());
+            const RemoteKey key = mr->pack();
+            const uint64_t key_len = key.bytes.size();
+            HMC_EXPECT_OK(e.comm.send(&key_len, sizeof(key_len), 0, 20));
+            HMC_EXPECT_OK(e.comm.send(key.bytes.data(), key_len, 0, 21));
+            for (int i = 0; i < 2; ++i) HMC_EXPECT(e.comm.wait_notify(0).ok(), "a put did not land");
+            *mr = MemoryRegion();
+            std::memset(buf, kReused, kLen);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            std::size_t changed = 0;
+            for (std::size_t i = 0; i < kLen; ++i) changed += buf[i] != kReused;
+            HMC_EXPECT(changed == 0, "round " + std::to_string(round) + (shareable ? " (shareable)" : " (heap)") +
+                                         ": " + std::to_string(changed) + " bytes changed after the destroy");
+            HMC_EXPECT_OK(e.comm.send(nullptr, 0, 0, 22));  // rank 0 may stop
+            while (e.comm.wait_notify(0, std::chrono::milliseconds(0)).ok()) {
+            }
+            continue;
+          }
+          uint64_t key_len = 0;
+          HMC_EXPECT_OK(e.comm.recv(&key_len, sizeof(key_len), 1, 20));
+          RemoteKey key;
+          key.bytes.resize(key_len);
+          HMC_EXPECT_OK(e.comm.recv(key.bytes.data(), key_len, 1, 21));
+          const auto src = test::random_bytes(kLen, 900 + round);
+          Request stop = e.comm.irecv(nullptr, 0, 1, 22);
+          std::deque<Request> in_flight;
+          bool refused = false;
+          for (uint64_t n = 0; !stop.test();) {
+            if (!refused && in_flight.size() < 2) {
+              in_flight.push_back(e.comm.put(1, src.data(), kLen, key, 0, n++));
+              continue;
+            }
+            if (in_flight.empty()) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              continue;
+            }
+            Status s = in_flight.front().wait();
+            in_flight.pop_front();
+            if (!s.ok()) {
+              HMC_EXPECT(s.code() == ErrorCode::kOutOfBounds, "put after the destroy: " + s.to_string());
+              refused = true;
+            }
+          }
+          for (Request& r : in_flight) (void)r.wait();
+          HMC_EXPECT_OK(stop.wait());
         }
         return e.comm.barrier().ok() ? 0 : 1;
       });
