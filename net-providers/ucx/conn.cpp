@@ -273,6 +273,9 @@ void Provider::dispatch(Conn& c, Incoming m) {
   if (kind == Kind::kCheck) on_check(c, m.wire, body);
   else if (kind == Kind::kReply) on_reply(c, m.wire, body);
   else if (kind == Kind::kRevoke) on_revoke(c, m.wire);
+  else if (kind == Kind::kMapped) on_mapped(c, m.wire);
+  else if (kind == Kind::kMappedAck) on_mapped_ack(c, m.wire);
+  else if (kind == Kind::kRevoked) c.owe_revoked.erase(m.wire.token);
   else if (kind == Kind::kPutDone) on_put_done(c, m.wire, body);
 }
 

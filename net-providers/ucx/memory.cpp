@@ -107,7 +107,9 @@ void* Provider::add_region(char* base, size_t len, std::shared_ptr<Mapping> mapp
 // Revokes the region's key on every connection that verified it and forgets it. Under mu_.
 // Puts that arrive from now on find no region and are refused; active-message puts already
 // landing here (put.cpp) finish first, the region and its mapping kept until then: UCP
-// cannot cancel them, and the memory may be freed once we return.
+// cannot cancel them, and the memory may be freed once we return. So do the copies of peers
+// that put through a mapping (Region::mapped_by): each answers the revoke (kRevoked) once
+// none is under way.
 void Provider::drop_region(uint64_t id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
@@ -115,12 +117,19 @@ void Provider::drop_region(uint64_t id) {
   regions_.erase(it);
   for (uint32_t conn : gone->verified) {
     auto c = conns_.find(conn);
-    if (c != conns_.end() && c->second->state == Conn::kOpen)
-      send_control(*c->second, Kind::kRevoke, gone->id, gone->nonce, 0, {});
+    if (c == conns_.end() || c->second->state != Conn::kOpen) continue;
+    const bool copies = gone->mapped_by.contains(conn);
+    send_control(*c->second, Kind::kRevoke, gone->id, gone->nonce, copies ? 1 : 0, {});
+    if (copies) c->second->owe_revoked.insert(gone->id);
   }
+  auto owed = [&] {
+    for (const auto& [cid, c] : conns_)
+      if (c->state == Conn::kOpen && c->owe_revoked.contains(id)) return true;
+    return false;
+  };
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (landing(id) && Clock::now() < deadline) drive();
-  if (landing(id))
+  while ((landing(id) || owed()) && Clock::now() < deadline) drive();
+  if (landing(id) || owed())
     host_.log(HMC_LOG_WARN, "dereg_mem: a peer's put into the region is still arriving after 10 s");
 }
 

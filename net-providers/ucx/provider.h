@@ -76,7 +76,7 @@ inline constexpr size_t kShmGetLimit = 512 * 1024;
 // level or faster (2 MiB: 30 %), on the 2-vCPU and the 16-core Xeon VMs alike.
 inline constexpr size_t kShmGetFrom = 1536 * 1024;
 
-enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke, kPutData, kPutDone };
+enum class Kind : uint32_t { kMsg = 1, kCheck, kReply, kRevoke, kPutData, kPutDone, kMapped, kMappedAck, kRevoked };
 
 // kPutDone's verdict (Wire::arg).
 enum PutVerdict : uint64_t { kLanded = 0, kRefused = 1, kLost = 2 };
@@ -87,10 +87,11 @@ struct Wire {
   uint32_t kind;    // Kind
   uint64_t cookie;  // the receiver's cookie (from its handshake)
   uint64_t seq;     // per connection and direction, from 0
-  uint64_t token;   // kCheck/kReply/kPutData/kPutDone: put id; kRevoke: region id
+  uint64_t token;   // kCheck/kReply/kPutData/kPutDone: put id;
+                    // kRevoke/kRevoked/kMapped/kMappedAck: region id
   uint64_t arg;     // kCheck/kPutData: offset; kReply: 0 accepted, else refused;
-                    // kPutDone: PutVerdict; kRevoke: nonce
-  uint64_t len;     // kCheck: put length; kPutData: region id
+                    // kPutDone: PutVerdict; kRevoke/kRevoked/kMapped/kMappedAck: nonce
+  uint64_t len;     // kCheck: put length; kPutData: region id; kRevoke: 1 answer kRevoked
 };
 
 // kMsg goes with the header up to `seq` only (the rest reads 0): with HMC's 40-byte header
@@ -175,8 +176,11 @@ struct VerifiedKey {
   uint64_t region = 0, nonce = 0, base = 0;
   bool am = false;  // puts with it go as active messages (put.cpp)
   // The region as mapped here (ucp_rkey_ptr of `base`, HMC_UCX_PUT=auto): puts and gets
-  // are a memcpy into or out of it, as UCP's own put over shared memory is.
+  // are a memcpy into or out of it, as UCP's own put over shared memory is. Puts copy only
+  // once the target knows (kMapped, kMappedAck): its deregistration then waits for them
+  // (memory.cpp, drop_region); until then they go as active messages.
   char* mapped = nullptr;
+  bool map_known = false;
 };
 
 // A put sent as an active message: done once UCP has sent it and the target
@@ -220,6 +224,7 @@ struct Conn {
   std::map<uint64_t, PendingPut> checking;  // puts waiting for the target's verdict
   std::map<uint64_t, AmPut> am_puts;         // active-message puts under way, by put id
   std::map<std::string, VerifiedKey, std::less<>> keys;  // keys the target accepted (found by view)
+  std::set<uint64_t> owe_revoked;  // target: regions whose kRevoked this peer still owes
   std::set<Op*> ops;
   bool pending = false;  // in the provider's pending_ (mark_pending)
 };
@@ -266,6 +271,7 @@ struct Region {
   std::shared_ptr<Mapping> mapping;  // null for an empty region
   std::string key;                // the packed key handed out
   std::set<uint32_t> verified;    // connections told this key is good
+  std::set<uint32_t> mapped_by;   // ... whose puts copy through a mapping (kMapped)
 };
 
 // What the thread's epoll set watches: kind in the top byte, an id below.
@@ -382,6 +388,8 @@ class Provider {
   void on_check(Conn& c, const Wire& w, const std::string& key);
   void on_reply(Conn& c, const Wire& w, const std::string& why);
   void on_revoke(Conn& c, const Wire& w);
+  void on_mapped(Conn& c, const Wire& w);
+  void on_mapped_ack(Conn& c, const Wire& w);
   int one_sided(void* conn, PendingPut p, const void* rkey, size_t rkey_len, void** req);
   void start_put(Conn& c, PendingPut p, const VerifiedKey& k);
   void start_get(Conn& c, PendingPut p, const VerifiedKey& k);

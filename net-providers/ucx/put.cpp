@@ -10,6 +10,10 @@
 // later puts with it are one round trip shorter, checked against the
 // verified length; dereg_mem sends kRevoke on every connection that holds it,
 // in sequence ahead of anything sent after, so a stale key is checked again.
+// A peer that copies its puts through a mapping (below) writes without this side
+// seeing it, so it says so first (kMapped, answered kMappedAck; its puts go as active
+// messages until then), and dereg_mem waits for its kRevoked: the peer sends it under
+// its lock, which every copy holds, so no copy into the region is under way after.
 //
 // A get goes through the same check (the target vouches for the region it is read
 // from), then ucp_get_nbx (start_get). Where the region is mapped here (shared memory from
@@ -135,6 +139,8 @@ void Provider::on_reply(Conn& c, const Wire& w, const std::string& why) {
                                (k.am ? "as active messages" : k.mapped ? "by memcpy into its mapping" : "by ucp_put_nbx"));
   auto& slot = c.keys[p.key];
   slot = k;
+  // Puts copy through the mapping once the target knows it must wait for them.
+  if (k.mapped != nullptr) send_control(c, Kind::kMapped, k.region, k.nonce, 0, {});
   start_put(c, std::move(p), slot);
 }
 
@@ -147,6 +153,22 @@ void Provider::on_revoke(Conn& c, const Wire& w) {
     if (it->second.rkey != nullptr) dead_rkeys_.push_back(it->second.rkey);
     it = c.keys.erase(it);
   }
+  // Under mu_, as every copy through the mapping is: none of ours is under way now.
+  if (w.len == 1) send_control(c, Kind::kRevoked, w.token, w.arg, 0, {});
+}
+
+// Target: the peer will copy its puts into this region through a mapping, which this side
+// cannot see; from the answer on, dereg_mem waits for the peer's kRevoked.
+void Provider::on_mapped(Conn& c, const Wire& w) {
+  auto it = regions_.find(w.token);
+  if (it == regions_.end() || it->second->nonce != w.arg || !it->second->verified.contains(c.id)) return;
+  it->second->mapped_by.insert(c.id);
+  send_control(c, Kind::kMappedAck, w.token, w.arg, 0, {});
+}
+
+void Provider::on_mapped_ack(Conn& c, const Wire& w) {
+  for (auto& [key, k] : c.keys)
+    if (k.region == w.token && k.nonce == w.arg) k.map_known = true;
 }
 
 void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
@@ -158,7 +180,7 @@ void Provider::start_put(Conn& c, PendingPut p, const VerifiedKey& k) {
     start_get(c, std::move(p), k);
     return;
   }
-  if (k.am) {
+  if (k.am || (k.mapped != nullptr && !k.map_known)) {
     start_am_put(c, std::move(p), k);
     return;
   }

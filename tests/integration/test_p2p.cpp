@@ -271,7 +271,8 @@ TEST_CASE("a refused put notifies nobody; later notifications keep their order",
 // region; rank 1 destroys it after two have landed, overwrites the memory as its next user
 // would and watches it for 20 ms. In processes, so shm's two copies (process_vm_writev into
 // heap memory, memcpy into mapped shareable memory) both run; before put_fence.h up to
-// 4 MiB landed after the destroy.
+// 4 MiB landed after the destroy. ucx over shm copies into shareable memory through its
+// mapping too: before the answered revoke (docs/ucx.md) the copy's last 64 bytes landed.
 TEST_CASE("no byte of a put lands after its region was destroyed", "[put][revoked]") {
   for (const auto& provider : test::available_net_providers()) {
     DYNAMIC_SECTION(provider) {
