@@ -208,6 +208,11 @@ class CommImpl : public Progressable {
     LoadedProvider* net = nullptr;  // null for self
     void* conn = nullptr;
     Status lost;  // ok while alive
+    // The connection failed during a pass of progress_peer: marked lost at the pass's end,
+    // once the messages it had delivered into the control slots are taken.
+    Status ending;
+    // The control plane lost the peer: until when its connection may still deliver (p2p.cpp).
+    std::optional<Clock::time_point> leaving;
     std::vector<CtrlSlot> ctrl;
     std::size_t next_ctrl = 0;
     bool repost = false;  // some ctrl slots took a message and wait to be posted again
@@ -246,7 +251,7 @@ class CommImpl : public Progressable {
   Status setup(const UniqueId& id);
   Status connect_all(const Secret& secret, Clock::time_point deadline);
   Status check_hello(const Hello& h, const std::string& provider, const Secret& secret) const;
-  void post_ctrl_recv(Peer& p, CtrlSlot& slot);
+  void post_ctrl_recv(Peer& p, CtrlSlot& slot, bool defer = false);  // defer: see Peer::ending
   // Posts again the control slots that took a message (Peer::repost), in ring order from
   // next_ctrl: the provider fills receives in the order they were posted. A pass leaves
   // that to the next one unless it comes round the whole ring: the pass that completed a
@@ -275,7 +280,7 @@ class CommImpl : public Progressable {
   Status track(Peer& p, int rc, void* req, OnEnd end, const char* what, std::shared_ptr<MsgBuf> msg = nullptr);
   // Tests `req` once: when it ended, runs `done` with how (a lost peer marked lost) and
   // returns true; false while it is pending (the request is then still the caller's).
-  bool ended(Peer& p, void* req, const OnEnd& end);
+  bool ended(Peer& p, void* req, const OnEnd& end, bool defer = false);  // defer: see Peer::ending
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
@@ -387,6 +392,7 @@ class CommImpl : public Progressable {
   Secret secret_{};
   mutable std::mutex mu_;
   std::atomic<bool> lost_changed_{false};
+  int leaving_ = 0;  // peers with `leaving` set (mu_)
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
   std::atomic<bool> finalizing_{false};  // finalize reached its barrier
   uint64_t next_id_ = 1;

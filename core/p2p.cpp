@@ -12,6 +12,9 @@ namespace {
 
 // Passes over a lost peer's connection before the loss is marked (progress()).
 constexpr int kDrainPasses = 64;
+// How long a peer the control plane lost may keep its connection up before the loss
+// fails what is pending: long enough for a provider's thread to read what the peer sent.
+constexpr auto kLeaveGrace = std::chrono::milliseconds(500);
 
 // A refusal's reason as it travels: cut to what the peer's receive slots hold.
 std::string reason_text(const Status& why) { return why.message().substr(0, kReasonMax); }
@@ -99,12 +102,14 @@ void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64
   (void)track(p, rc, req, std::move(end), "send", std::move(msg));
 }
 
-void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
+void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot, bool defer) {
   slot.req = nullptr;
   int rc = p.net->net->recv_msg(p.net->state, p.conn, slot.buf.data(), slot.buf.size(), &slot.req);
   if (rc != 0) {
     slot.req = nullptr;
-    mark_lost(p, from_provider(rc, nullptr, "receive from " + describe(p)));
+    Status s = from_provider(rc, nullptr, "receive from " + describe(p));
+    if (!defer) mark_lost(p, s);
+    else if (p.ending.ok()) p.ending = s;
   }
 }
 
@@ -654,7 +659,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
 }
 
-bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
+bool CommImpl::ended(Peer& p, void* req, const OnEnd& end, bool defer) {
   int finished = 0;
   std::size_t bytes = 0;
   char message[256];
@@ -664,15 +669,16 @@ bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
   message[sizeof(message) - 1] = 0;  // a provider that filled it to the end
   Status s = rc == 0 ? Status{} : aborted_if_closing(from_provider(rc, message, describe(p)));
   end(s);
-  if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
+  if (rc == HMC_PROV_ERR_PEER_LOST && !defer) mark_lost(p, s);
+  if (rc == HMC_PROV_ERR_PEER_LOST && defer && p.ending.ok()) p.ending = s;
   return true;
 }
 
 void CommImpl::repost_ctrl(Peer& p) {
   p.repost = false;
-  for (std::size_t k = 0; k < p.ctrl.size() && p.lost.ok(); ++k) {
+  for (std::size_t k = 0; k < p.ctrl.size() && p.lost.ok() && p.ending.ok(); ++k) {
     CtrlSlot& slot = p.ctrl[(p.next_ctrl + k) % p.ctrl.size()];
-    if (!slot.req) post_ctrl_recv(p, slot);
+    if (!slot.req) post_ctrl_recv(p, slot, true);
   }
 }
 
@@ -685,7 +691,7 @@ bool CommImpl::progress_peer(Peer& p) {
     current.clear();
     std::swap(current, p.inflight);
     for (auto& f : current) {
-      if (!ended(p, f.req, f.end)) { p.inflight.push_back(std::move(f)); continue; }
+      if (!ended(p, f.req, f.end, true)) { p.inflight.push_back(std::move(f)); continue; }
       any = true;
     }
     current.clear();
@@ -719,6 +725,12 @@ bool CommImpl::progress_peer(Peer& p) {
     p.repost = true;
     p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
   }
+  // The connection failed in this pass (a send, or a receive it refused to take): the
+  // messages it delivered into the slots before were taken above; now the loss.
+  if (!p.ending.ok()) {
+    if (p.lost.ok()) mark_lost(p, p.ending);
+    p.ending = {};
+  }
   return any;
 }
 
@@ -733,15 +745,30 @@ bool CommImpl::progress() {
       if (p.repost || !p.held.empty()) events_.rescan();
     }
   }
-  // The control plane may learn of a peer's end before its connection does: what the
-  // connection already holds (its last messages, a FIN) is taken first (a bounded number
-  // of passes), then the loss fails what is still pending.
+  // The control plane may learn of a peer's end before its connection does, and a
+  // provider that reads on a thread of its own (tcp) may not have read the peer's last
+  // messages yet: they are taken first. The loss fails what is still pending once the
+  // connection has failed too (a final drain takes what it read before), or kLeaveGrace
+  // after the control plane's word (a connection that stays up).
   if (lost_changed_.load(std::memory_order_relaxed) && lost_changed_.exchange(false)) {
     for (int r : bootstrap_->lost_peers()) {
-      if (r == rank_ || !peers_[r].lost.ok()) continue;
-      Peer& p = peers_[r];
-      for (int pass = 0; p.net && pass < kDrainPasses && progress_peer(p); ++pass) {}
-      mark_lost(p, {ErrorCode::kPeerLost, describe(p) + " left the job (control plane lost it)"});
+      if (r == rank_ || !peers_[r].lost.ok() || peers_[r].leaving) continue;
+      peers_[r].leaving = Clock::now() + kLeaveGrace;
+      ++leaving_;
+    }
+  }
+  for (std::size_t i = 0; leaving_ > 0 && i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.leaving) continue;
+    if (p.lost.ok()) {
+      const bool down = !p.net || !p.conn || p.net->net->conn_status(p.net->state, p.conn) < 0;
+      for (int pass = 0; p.net && pass < kDrainPasses && progress_peer(p); ++pass) any = true;
+      if (p.lost.ok() && (down || Clock::now() >= *p.leaving))
+        mark_lost(p, {ErrorCode::kPeerLost, describe(p) + " left the job (control plane lost it)"});
+    }
+    if (!p.lost.ok()) {  // by now, or by the connection's own word meanwhile
+      p.leaving.reset();
+      --leaving_;
     }
   }
   // Copies still running on a device count as movement, as in collectives/ccl.cpp: their
