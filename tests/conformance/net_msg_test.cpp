@@ -341,7 +341,10 @@ TEST_CASE("net: close_conn while other threads send: every request ends, no hang
         if (t.wait(req, std::chrono::milliseconds(2000)).rc != HMC_PROV_OK) return;
       }
     });
+    // Close once sends are flowing (on a loaded host the threads may take a while to start).
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto until = Clock::now() + std::chrono::seconds(5); sent.load() == 0 && Clock::now() < until;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     closed_at = Clock::now().time_since_epoch().count();
     closed = true;
     REQUIRE(s.p->close_conn(s.state, link.a) == HMC_PROV_OK);

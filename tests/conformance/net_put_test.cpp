@@ -235,6 +235,7 @@ TEST_CASE("net: no byte of a put lands after the target's deregistration returne
         Region r(t, kLen, mem);
         std::atomic<int> landed{0};
         std::atomic<bool> stop{false};
+        std::atomic<bool> failed{false};  // `last` is the putter's until join
         Outcome last;
         last.rc = HMC_PROV_OK;
         std::thread putter([&] {
@@ -247,6 +248,7 @@ TEST_CASE("net: no byte of a put lands after the target's deregistration returne
               if (req == nullptr) {
                 last.rc = rc;
                 going = false;
+                failed = true;
               } else {
                 in_flight.push_back(req);
               }
@@ -259,11 +261,12 @@ TEST_CASE("net: no byte of a put lands after the target's deregistration returne
             } else if (going) {
               last = o;
               going = false;
+              failed = true;
             }
           }
         });
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (landed.load() < 2 + round % 3 && last.rc == HMC_PROV_OK &&
+        while (landed.load() < 2 + round % 3 && !failed.load() &&
                std::chrono::steady_clock::now() < deadline)
           std::this_thread::yield();
         r.dereg();

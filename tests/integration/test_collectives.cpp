@@ -1241,12 +1241,15 @@ TEST_CASE("after a failed collective, abort returns once nothing writes into its
 TEST_CASE("wait with a deadline times out and the collective still completes", "[collectives][timing]") {
   run(2, settings(), [](RankEnv& e) {
     int64_t v = e.rank + 1, out = 0;
-    if (e.rank == 1) usleep(300000);  // rank 0 waits briefly first
+    char go = 1;
+    // Rank 1 joins only after rank 0's short wait ended, however late either starts.
+    if (e.rank == 1) HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 77));
     Request r = all_reduce(e.comm, &v, &out, 1, DataType::kInt64, ReduceOp::kSum);
     if (e.rank == 0) {
       Status early = r.wait(std::chrono::milliseconds(20));
       HMC_EXPECT(early.code() == ErrorCode::kTimeout, "expected kTimeout, got " + early.to_string());
       HMC_EXPECT(early.message().find("all_reduce of 8 bytes not finished") == 0, "what timed out: " + early.to_string());
+      HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 77));
     }
     HMC_EXPECT_OK(r.wait(kWait));
     HMC_EXPECT(out == 3, "all_reduce result");

@@ -25,16 +25,17 @@ std::map<std::string, std::string> over(const std::string& provider, const std::
 
 // Rank 0 sends `count` messages of `bytes` (tag kDataTag, message k seeded with k + seed)
 // while rank 1 posts no receive. Returns the index of the first send that
-// was still pending 300 ms after it was posted (count when every one completed on its own
-// within 5 s), or -1 on a failed check. `sends` keeps the requests.
+// was still pending 1 s after it was posted (count when every one completed on its own
+// within 5 s), or -1 on a failed check. 1 s, not less: a provider thread that a loaded host
+// descheduled must not make an early send look like the one past the window. `sends` keeps the requests.
 int sends_until_one_waits(RankEnv& e, int count, std::size_t bytes, uint64_t seed,
                           std::vector<std::vector<uint8_t>>& out, std::vector<Request>& sends) {
   int first_waiting = count;
   for (int k = 0; k < count; ++k) {
     out.push_back(test::random_bytes(bytes, seed + k));
     sends.push_back(e.comm.isend(out.back().data(), bytes, 1, kDataTag));
-    if (first_waiting < count) continue;  // past the window: no more waits of 300 ms each
-    const Status early = sends.back().wait(std::chrono::milliseconds(k == 0 ? 5000 : 300));
+    if (first_waiting < count) continue;  // past the window: no more waits of 1 s each
+    const Status early = sends.back().wait(std::chrono::milliseconds(k == 0 ? 5000 : 1000));
     if (early.ok()) continue;
     if (early.code() != ErrorCode::kTimeout) {
       std::fprintf(stderr, "send %d failed: %s\n", k, early.to_string().c_str());
