@@ -131,6 +131,7 @@ void Provider::drop_region(uint64_t id) {
   while ((landing(id) || owed()) && Clock::now() < deadline) drive();
   if (landing(id) || owed())
     host_.log(HMC_LOG_WARN, "dereg_mem: a peer's put into the region is still arriving after 10 s");
+  for (auto& [cid, c] : conns_) c->owe_revoked.erase(id);  // an answer that never came
 }
 
 // The mapping of the mem_alloc allocation holding [ptr, ptr+bytes), or null. Under mu_.
