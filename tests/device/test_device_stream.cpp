@@ -418,9 +418,10 @@ TEST_CASE("a stream-ordered call that cannot get staging within HMC_TIMEOUT fail
     return;
   }
   // Each stream operation takes 3 s: the first call holds the only block HMC_STREAM_STAGE_MAX
-  // allows well past the second call's 1 s deadline.
+  // allows past the second call's 2 s deadline (which bounds set-up too: not less on a
+  // loaded machine).
   auto exits = run_ranks(2, {{"HMC_EMU_STREAM_DELAY_US", "3000000"}, {"HMC_STREAM_STAGE_MAX", "64K"},
-                             {"HMC_TIMEOUT", "1s"}}, [](RankEnv& e) {
+                             {"HMC_TIMEOUT", "2s"}}, [](RankEnv& e) {
     const DeviceId dev = device_for(e.ctx, e.rank);
     auto a = DevBuf::make(e.ctx, dev, 4096), b = DevBuf::make(e.ctx, dev, 4096);
     auto stream = Stream::create(e.ctx, dev);

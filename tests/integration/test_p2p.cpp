@@ -449,7 +449,9 @@ TEST_CASE("two-rank communicators made one after another leave no connections be
         for (int i = 1; i <= 16; ++i)
           if (int rc = one(i)) return rc;
         const std::size_t fds_after = entries("/proc/self/fd"), maps_after = shared_mappings();
-        HMC_EXPECT(fds_after <= fds + 4, "descriptors " + std::to_string(fds) + " -> " + std::to_string(fds_after));
+        // Slack for the bootstrap root of the last id (about 4 descriptors), which may still
+        // be up at the second count and gone at the first: one left per communicator is 16.
+        HMC_EXPECT(fds_after <= fds + 8, "descriptors " + std::to_string(fds) + " -> " + std::to_string(fds_after));
         HMC_EXPECT(maps_after <= maps + 2, "shared mappings " + std::to_string(maps) + " -> " + std::to_string(maps_after));
         return 0;
       });
