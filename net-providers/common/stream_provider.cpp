@@ -1,5 +1,7 @@
 #include "common/stream_provider.h"
 
+#include "common/tsan.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 
@@ -280,9 +282,14 @@ int StreamProvider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
 
 int StreamProvider::dereg_mem(void* mr) {
   uint64_t id = 0;
+  RegionInfo info;
+  const bool known = regions_.info(mr, info);
   if (!regions_.remove(mr, &id)) return HMC_PROV_ERR_INVALID;
   // A peer's single-copy put that checked the key before it was cleared ends first.
-  if (uses_rings()) put_fence_.wait(id, rings_marking(id), host_);
+  if (uses_rings()) {
+    put_fence_.wait(id, rings_marking(id), host_);
+    if (known) tsan_acquire(info.ptr);
+  }
   return HMC_PROV_OK;
 }
 

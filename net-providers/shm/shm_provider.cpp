@@ -61,6 +61,7 @@
 #include <random>
 
 #include "common/stream_ops.h"
+#include "common/tsan.h"
 #include "stale_sockets.h"
 #include "hmc/provider/net.h"
 #include "shm/shared_file.h"
@@ -322,7 +323,11 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
   }
   struct StepEnd {
     hmc_net::SharedRing* ring;
-    ~StepEnd() { ring->put_end(); }
+    uint64_t region_base = 0;  // once known: what dereg_mem acquires (common/tsan.h)
+    ~StepEnd() {
+      if (region_base != 0) hmc_net::tsan_release(reinterpret_cast<const void*>(region_base));
+      ring->put_end();
+    }
   } step_end{ring};
 
   // The target's table is the authority: read the region descriptor every step.
@@ -357,6 +362,7 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
     return HMC_PROV_ERR_OUT_OF_BOUNDS;
   }
 
+  step_end.region_base = desc.addr;
   const uint64_t step = std::min<uint64_t>(put.len - put.done, budget);
   const char* src = put.src + put.done;
   const uint64_t dst = desc.addr + put.offset + put.done;
