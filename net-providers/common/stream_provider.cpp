@@ -236,13 +236,14 @@ int StreamProvider::close_conn(void* conn) {
     auto it = conns_.find(conn);
     if (it == conns_.end()) return HMC_PROV_ERR_CLOSED;
     c = std::move(it->second);
+    // Before it leaves conns_: a deregistration meanwhile finds a step of the peer's
+    // under way in one or the other (put_fence.h). No step begins after this.
+    put_fence_.closed({c->rx_ring(), c->peer_pid()});
     conns_.erase(it);
     if (c->has_ring()) update_rings_locked();
   }
   // On the io thread, so no read or write is touching a user buffer afterwards.
   run_sync([&] { c->close(HMC_PROV_ERR_CLOSED, "connection closed"); });
-  // Nor a peer's single-copy put, once the deregistration has waited (put_fence.h).
-  put_fence_.closed({c->rx_ring(), c->peer_pid()});
   return HMC_PROV_OK;
 }
 
@@ -281,14 +282,12 @@ int StreamProvider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
 }
 
 int StreamProvider::dereg_mem(void* mr) {
-  uint64_t id = 0;
-  RegionInfo info;
-  const bool known = regions_.info(mr, info);
-  if (!regions_.remove(mr, &id)) return HMC_PROV_ERR_INVALID;
+  RegionInfo gone;
+  if (!regions_.remove(mr, &gone)) return HMC_PROV_ERR_INVALID;
   // A peer's single-copy put that checked the key before it was cleared ends first.
   if (uses_rings()) {
-    put_fence_.wait(id, rings_marking(id), host_);
-    if (known) tsan_acquire(info.ptr);
+    put_fence_.wait(gone.id, rings_marking(gone.id), host_);
+    tsan_acquire(gone.ptr);
   }
   return HMC_PROV_OK;
 }

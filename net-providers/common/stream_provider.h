@@ -3,8 +3,8 @@
 // half of the net ABI. A transport derives from it and supplies sockets,
 // addresses and, optionally, a direct (single-copy) put.
 //
-// Lock order: mu_ (tables) -> Connection::mu_ / Listener::mu_ -> request table.
-// RegionTable::mutex() is taken alone. Host callbacks are never made while
+// Lock order: mu_ (tables) -> Connection::mu_ / Listener::mu_ -> request table;
+// mu_ -> PutFence's. RegionTable::mutex() is taken alone. Host callbacks are never made while
 // mu_ is held.
 #pragma once
 
