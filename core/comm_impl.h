@@ -354,6 +354,8 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
+  // mark_lost now, or with `defer` at the end of the progress_peer pass (Peer::ending).
+  void lose(Peer& p, const Status& why, bool defer);
   Status aborted_if_closing(Status s) const;
   // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put.cpp).
   void release_notifies(Peer& p);

@@ -107,9 +107,7 @@ void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot, bool defer) {
   int rc = p.net->net->recv_msg(p.net->state, p.conn, slot.buf.data(), slot.buf.size(), &slot.req);
   if (rc != 0) {
     slot.req = nullptr;
-    Status s = from_provider(rc, nullptr, "receive from " + describe(p));
-    if (!defer) mark_lost(p, s);
-    else if (p.ending.ok()) p.ending = s;
+    lose(p, from_provider(rc, nullptr, "receive from " + describe(p)), defer);
   }
 }
 
@@ -669,9 +667,13 @@ bool CommImpl::ended(Peer& p, void* req, const OnEnd& end, bool defer) {
   message[sizeof(message) - 1] = 0;  // a provider that filled it to the end
   Status s = rc == 0 ? Status{} : aborted_if_closing(from_provider(rc, message, describe(p)));
   end(s);
-  if (rc == HMC_PROV_ERR_PEER_LOST && !defer) mark_lost(p, s);
-  if (rc == HMC_PROV_ERR_PEER_LOST && defer && p.ending.ok()) p.ending = s;
+  if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s, defer);
   return true;
+}
+
+void CommImpl::lose(Peer& p, const Status& why, bool defer) {
+  if (!defer) mark_lost(p, why);
+  else if (p.ending.ok()) p.ending = why;
 }
 
 void CommImpl::repost_ctrl(Peer& p) {

@@ -26,10 +26,9 @@ constexpr size_t kCallerWriteMax = 64 * 1024;
 // and all_gather of 16-64 MiB between two ranks took 10-30 % less (medians of
 // 3-5 alternating runs; 4 ranks: 0-5 %). Messages are at most 1 GiB.
 constexpr size_t kCallerPutMax = size_t{1} << 30;
-// A direct put checks the target's descriptor of the region again every this many bytes:
-// a region deregistered meanwhile stops the put there, not after the whole of it (the
-// target cannot stop a copy under way, docs/provider-guide.md: a put of 16 MiB went on
-// landing 2 ms after the target had destroyed the region and reused the memory).
+// A direct put on the caller's thread goes in steps of this many bytes, each checking the
+// target's descriptor of the region again: a deregistration waits for the step under way
+// (common/put_fence.h), at most this much of a copy, and the put stops at the next.
 constexpr uint64_t kCallerPutStep = uint64_t{4} << 20;
 // Back-to-back sends with no message received in between are a stream: after
 // kCallerStreak of them the rest go through the io thread, which writes up to

@@ -98,11 +98,11 @@ void* RegionTable::add(void* ptr, uint64_t len, const RegionFile& file) {
   return s;
 }
 
-bool RegionTable::remove(void* handle, uint64_t* id) {
+bool RegionTable::remove(void* handle, RegionInfo* gone) {
   std::lock_guard lock(mu_);
   auto* s = static_cast<Slot*>(handle);
   if (live_.erase(s) == 0) return false;
-  if (id != nullptr) *id = s->id;
+  if (gone != nullptr) *gone = RegionInfo{s->id, s->key, s->ptr, s->len, s->file, s->desc, {}};
   s->desc->key.store(0, std::memory_order_release);
   s->desc->check.store(0, std::memory_order_relaxed);
   s->key = 0;

@@ -89,7 +89,8 @@ class RegionTable {
   bool share_descriptors(std::string& why);
 
   void* add(void* ptr, uint64_t len, const RegionFile& file = {});
-  bool remove(void* handle, uint64_t* id = nullptr);  // `id`: the region's, for PutFence
+  // `gone`: what the region was (its id and memory, for PutFence).
+  bool remove(void* handle, RegionInfo* gone = nullptr);
   bool info(void* handle, RegionInfo& out);
 
   std::mutex& mutex() { return mu_; }

@@ -309,13 +309,10 @@ int ShmProvider::direct_put(Connection& conn, DirectPut& put, size_t budget, std
 
   // Queued before the connection knew its peer could not be attached to, or the peer's
   // ring could not be mapped: without it, the peer's deregistration could not wait for
-  // this step (common/put_fence.h), so the target checks the put itself.
+  // this step (common/put_fence.h), so the target checks the put itself. (The ring is
+  // the connection's for good once direct puts run: never missing after a first step.)
   hmc_net::SharedRing* ring = conn.put_ring();
-  if (put.done == 0 && (!conn.direct_ok() || pid <= 0 || ring == nullptr)) return hmc_net::kDirectUseStream;
-  if (ring == nullptr) {
-    why = "put to " + conn.peer() + ": no ring to mark it in";
-    return HMC_PROV_ERR_INTERNAL;
-  }
+  if (ring == nullptr || (put.done == 0 && (!conn.direct_ok() || pid <= 0))) return hmc_net::kDirectUseStream;
   // Marked before the descriptor check, cleared once the step's bytes are in place.
   if (!ring->put_begin(region)) {
     why = "peer lost: " + conn.peer() + " closed the connection during a put to it";
