@@ -43,6 +43,7 @@ struct CommState {
   std::shared_ptr<CclLink> ccl;  // delegation to a vendor library (ccl.h), made on first use
   std::atomic<CclLink*> ccl_link{nullptr};  // ccl.get() once made: read without the lock
   std::shared_ptr<ShmSeq> shm = std::make_shared<ShmSeq>();
+  std::once_flag abort_hook;  // comm_state() registers it once
 
  private:
   std::shared_ptr<core::ProgressEngine> engine_;

@@ -16,7 +16,16 @@ CommState& comm_state(core::CommImpl& comm) {
     st->settings = CollSettings::read(comm.context().config());
     return st;
   });
-  return *static_cast<CommState*>(state.get());  // the communicator keeps it alive
+  auto& st = *static_cast<CommState*>(state.get());  // the communicator keeps it alive
+  // Once abort() returns nothing touches the collectives' buffers: the ones still in the
+  // driver fail there, under its lock, so a pass copying for them has ended. (Not from
+  // upper_state's `make`: on_abort takes the lock that upper_state holds.)
+  std::call_once(st.abort_hook, [&comm] {
+    comm.on_abort([engine = comm.context().engine(), c = &comm] {
+      Driver::drop(engine, c, {ErrorCode::kAborted, "the communicator was aborted while the collective was pending"});
+    });
+  });
+  return st;
 }
 
 uint64_t next_sequence(core::CommImpl& comm) {

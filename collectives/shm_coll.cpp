@@ -103,7 +103,7 @@ class ShmColl final : public DriverOp {
  public:
   ShmColl(core::CommImpl& comm, std::shared_ptr<core::HostSegments> segs, std::shared_ptr<ShmSeq> state,
           const CclWork& w, Rounds rounds, uint64_t first_seq, uint64_t call, std::shared_ptr<ScratchPool> pool)
-      : ctx_(comm.context()), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
+      : ctx_(comm.context()), comm_(&comm), segs_(std::move(segs)), state_(std::move(state)), w_(w), rounds_(rounds),
         first_(first_seq), call_((call & 0xffff) << kCallShift), result_(core::Operation::make(comm.context().engine())),
         inline_(rounds.count == 1 && !rounds.cma &&
                 (per_rank_blocks(w.kind) ? rounds.total * segs_->size() : rounds.total) <= kInlineBytes),
@@ -120,6 +120,10 @@ class ShmColl final : public DriverOp {
   // first round holds every later one back (publish() waits for the same slot's last user).
   const void* line() const override { return state_.get(); }
   bool waiting_in_line() const override { return !finished_ && published_ == 0; }
+  // abort() and the communicator's end drop it (Driver::drop, under the driver's lock, so
+  // no pass is copying then): its rounds read and write the caller's buffers.
+  bool uses(const void* comm) const override { return comm == comm_; }
+  void drop(Status why) override { fail(why); }
   void abandon(Status why) override {
     fail(why);
     // The context, whose cpu provider would release the mappings, is going away: keep them.
@@ -133,6 +137,7 @@ class ShmColl final : public DriverOp {
   bool advance() override {
     bool moved = false;
     while (!finished_) {
+      if (check_failed()) return true;  // finalized: not one more round into the buffers
       if (draining_) {  // the others may still be reading this rank's buffers
         if (!everyone_at(done_off, seq(rounds_.count - 1))) break;
         finish();
@@ -399,6 +404,7 @@ class ShmColl final : public DriverOp {
   }
 
   core::ContextImpl& ctx_;
+  const void* comm_;  // the communicator it runs on, only compared (uses())
   std::shared_ptr<core::HostSegments> segs_;
   std::shared_ptr<ShmSeq> state_;
   CclWork w_;

@@ -1,7 +1,8 @@
 // Collectives on a Communicator: every one non-blocking (returns a Request); blocking
-// forms are `op(...).wait()`. One exception: where every rank has a vendor collective
-// library (HMC_CCL=auto), the first call that could go to it first agrees with the other
-// ranks on it, a small exchange that blocks the caller (up to HMC_TIMEOUT). Buffers are
+// forms are `op(...).wait()`. Where every rank has a vendor collective library
+// (HMC_CCL=auto), the first call that could go to it starts a small exchange with the
+// other ranks about it; the calls made until it ends wait in the communicator, and only a
+// call given a stream waits for it in the call (up to HMC_TIMEOUT). Buffers are
 // host memory or device memory (from Context::alloc, or elsewhere where the provider can
 // say it is its own: context.h). In place is send == recv, except where a rank's own
 // block sits inside a larger buffer: all_gather: send == recv + rank * count elements;
@@ -9,10 +10,10 @@
 // recv_count; scatter (root): recv == send + root * count (docs/collectives.md). count 0
 // is a no-op that still completes. Every rank must call the same collectives in the same
 // order with matching arguments; CollOptions::check verifies that at a small cost.
-// Collectives on one communicator may be in flight together. abort() fails those on HMC's
-// own paths as their next step finds it; destroying the communicator fails every one
-// still pending (kFinalized, "destroyed while the collective was pending"), those waiting
-// for their stream or handed to a vendor library included.
+// Collectives on one communicator may be in flight together. abort(), and destroying the
+// communicator (which aborts it), fails every one still pending, those waiting for their
+// stream or handed to a vendor library included: HMC's own at once with kAborted, and
+// abort() returns once none of them touches its buffers.
 #pragma once
 
 #include <chrono>

@@ -491,3 +491,44 @@ TEST_CASE("a collective refused on one rank alone leaves no later one reading an
   INFO(test::describe(exits));
   REQUIRE(test::all_ok(exits));
 }
+
+// Once abort() returns nothing touches a collective's buffers (collectives.h), the ones over
+// shared segments included, whose rounds no message of the communicator carries. Rank 0
+// publishes its first rounds of an in-place 8 MiB all_reduce; rank 1 joins while rank 0
+// runs no progress pass, and publishes its own. Rank 0 then aborts, marks its buffer and
+// waits on another communicator (passes run): before, its next pass reduced rank 1's
+// round into the buffer.
+TEST_CASE("abort ends a collective over shared segments before the other rank's rounds reach its buffer",
+          "[collectives][shm][errors]") {
+  auto exits = test::run_ranks(2, {{"HMC_TIMEOUT", "20s"}, {"HMC_SHM_COLL", "1"}, {"HMC_CCL", "off"}}, [](RankEnv& e) {
+    auto sub = split(e.ctx, e.comm, 0, 0);
+    HMC_EXPECT(sub.ok(), sub.status().to_string());
+    Communicator mine = std::move(sub.value());
+    HMC_EXPECT(mine.impl().segments() != nullptr, "no shared segments for the split");
+    HMC_EXPECT_OK(mine.barrier());
+    std::vector<float> buf(std::size_t{2} << 20, 1.f + static_cast<float>(e.rank));
+    char word = 1;
+    if (e.rank == 0) {
+      Request r = all_reduce(mine, buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      HMC_EXPECT_OK(e.comm.send(&word, 1, 1, 5));  // rank 1: join
+      usleep(500000);                               // while rank 1 publishes its rounds
+      mine.abort();  // (no test() of r first: it would run a pass before the mark)
+      std::memset(buf.data(), 0xab, buf.size() * sizeof(float));
+      HMC_EXPECT_OK(e.comm.recv(&word, 1, 1, 6));  // progress passes until rank 1 gave up
+      const auto* bytes = reinterpret_cast<const unsigned char*>(buf.data());
+      for (std::size_t i = 0; i < buf.size() * sizeof(float); ++i)
+        HMC_EXPECT(bytes[i] == 0xab, "byte " + std::to_string(i) + " written after abort()");
+      HMC_EXPECT(r.test() && r.status().code() == ErrorCode::kAborted, "after abort(): " + r.status().to_string());
+    } else {
+      HMC_EXPECT_OK(e.comm.recv(&word, 1, 0, 5));
+      Status st = all_reduce(mine, buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)
+                      .wait(std::chrono::seconds(2));
+      HMC_EXPECT(!st.ok(), "the all_reduce finished without rank 0");
+      mine.abort();
+      HMC_EXPECT_OK(e.comm.send(&word, 1, 0, 6));
+    }
+    return 0;
+  }, std::chrono::seconds(60));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
