@@ -117,7 +117,12 @@ Request Call::own(const Build& build) {
     mine.dtype = static_cast<int32_t>(dtype);
     mine.op = op ? static_cast<int32_t>(*op) : -1;
     mine.root = root;
-    mine.algo = static_cast<int32_t>(algo_);
+    // all_to_all_v's rule reads this rank's own mean block, which the ranks need not share,
+    // and its two algorithms differ only in how many steps are in flight: only one asked
+    // for (HMC_ALGO, CollOptions::algorithm) must be alike.
+    const bool by_own_rule = kind_ == CollKind::kAllToAllV && opt_.algorithm.empty() &&
+                             settings.algo[static_cast<uint32_t>(kind_)] == Algo::kAuto;
+    mine.algo = static_cast<int32_t>(by_own_rule ? Algo::kAuto : algo_);
     coll->add_check(mine, to_peer, from_peer);
   }
   auto order = stream_order(ctx, where, opt_.stream, stage->copies());
