@@ -192,18 +192,31 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
   return c;
 }
 
-std::string Config::bad_params(const hmc_param_t* params, std::size_t n) {
+std::string Config::bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const {
   if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";
+  std::string prefix = "HMC_" + owner + "_";
+  std::transform(prefix.begin(), prefix.end(), prefix.begin(), [](unsigned char c) { return std::toupper(c); });
   for (std::size_t i = 0; i < n; ++i) {
     const hmc_param_t& p = params[i];
     if (!p.name || !p.type) return "parameter " + std::to_string(i) + " without name or type";
-    if (!type_from_name(p.type)) return "parameter " + std::string(p.name) + " has unknown type '" + p.type + "'";
+    const std::string name = p.name;
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+      return "parameter " + name + " is not named " + prefix + "*";
+    auto type = type_from_name(p.type);
+    if (!type) return "parameter " + name + " has unknown type '" + p.type + "'";
+    // The provider reads its default through config_get as if set: it must parse too.
+    if (p.default_value && *p.default_value && !validate({name, *type}, p.default_value).ok())
+      return "parameter " + name + "'s default '" + p.default_value + "' is not a valid " + p.type;
+    // A provider would otherwise change a setting of core's (its default, its type) or of
+    // another provider's: shm's prefix holds core's HMC_SHM_COLL.
+    if (auto d = defs_.find(name); d != defs_.end() && d->second.owner != owner)
+      return "parameter " + name + " is " + (d->second.owner == "core" ? "core's" : d->second.owner + "'s") + " already";
   }
   return {};
 }
 
 Status Config::add_params(const std::string& owner, const hmc_param_t* params, std::size_t n) {
-  if (std::string bad = bad_params(params, n); !bad.empty()) return {ErrorCode::kInvalidArgument, owner + ": " + bad};
+  if (std::string bad = bad_params(owner, params, n); !bad.empty()) return {ErrorCode::kInvalidArgument, owner + ": " + bad};
   for (std::size_t i = 0; i < n; ++i) {
     const hmc_param_t& p = params[i];
     auto type = type_from_name(p.type);

@@ -33,9 +33,10 @@ class Config {
 
   // Registers a provider's parameters and validates any value already set for them.
   Status add_params(const std::string& owner, const hmc_param_t* params, std::size_t n);
-  // What is wrong with a provider's parameter table ("" when nothing): a fault of the
-  // provider, which the loader refuses alone, unlike a malformed value the user set.
-  static std::string bad_params(const hmc_param_t* params, std::size_t n);
+  // What is wrong with provider `owner`'s parameter table ("" when nothing): a fault of
+  // the provider, which the loader refuses alone, unlike a malformed value the user set.
+  // Its names are HMC_<OWNER>_*, and none is core's or another provider's already.
+  std::string bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const;
 
   // The value as text (set or default); nullopt for an unknown name.
   std::optional<std::string> text(const std::string& name) const;

@@ -61,6 +61,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Whether HMC_PROVIDERS's list keeps `name` by name (not "^name").
+bool named_in(const std::string& selection, const std::string& name) {
+  const auto items = split(selection, ',');
+  return std::find(items.begin(), items.end(), name) != items.end();
+}
+
 // Capability bits that promise function pointers: a set bit with a NULL pointer is a broken plugin.
 std::string check_device_table(const hmc_device_provider_t* t) {
   if (!t->init || !t->fini || !t->last_error || !t->device_count || !t->device_info || !t->mem_alloc ||
@@ -163,7 +169,7 @@ std::vector<std::string> net_cap_names(uint64_t caps) {
 }
 
 LoadedProvider::~LoadedProvider() {
-  if (state) {
+  if (initialised) {  // a provider may keep its state elsewhere and leave *state NULL
     if (dev) dev->fini(state);
     if (net) net->fini(state);
     if (ccl) ccl->fini(state);
@@ -185,10 +191,15 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
   // Discovery: file names only, first of a name wins, built-ins last.
   std::vector<Candidate> found;
   std::set<std::string> seen;
-  for (const auto& dir : reg->search_path_) {
+  const std::size_t own_dirs = reg->search_path_.size() - (libhmc_dir().empty() ? 0 : 1);
+  for (std::size_t d = 0; d < reg->search_path_.size(); ++d) {
+    const std::string& dir = reg->search_path_[d];
     std::error_code ec;
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(dir, ec)) files.push_back(entry.path());
+    // A folder the user named that cannot be read is a typo or a missing install, not
+    // "no plugins there".
+    if (ec && d < own_dirs) HMC_LOG("core", warn, "HMC_PROVIDER_PATH: cannot read {}: {}", dir, ec.message());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       std::string file = f.filename().string();
@@ -235,6 +246,13 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
       continue;
     }
     HMC_RETURN_IF_ERROR(reg->load_one(c, config, engine));
+    // Host memory needs a cpu provider: one of another build that would not load (its ABI,
+    // a missing library) leaves the one inside libhmc, as the built-in of a name comes last.
+    if (c.kind == "device" && c.name == "cpu" && !c.path.empty() && !reg->device("cpu")) {
+      HMC_LOG("core", warn, "cpu device provider {} not used ({}); using the one built into libhmc", c.path,
+              reg->report_.back().reason);
+      HMC_RETURN_IF_ERROR(reg->load_one({"device", "cpu", ""}, config, engine));
+    }
   }
   for (const auto& [name, source] : config.unclaimed())
     HMC_LOG("core", warn, "unknown setting {} ({}) is ignored (hmc-probe config lists them all)", name,
@@ -244,9 +262,12 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
 
 Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngine& engine) {
   ProviderInfo info{c.name, c.kind, c.path.empty() ? "built-in" : c.path, 0, 0, {}, false, ""};
+  // One the user named in HMC_PROVIDERS that cannot be used: above info, it was asked for.
+  const bool named = config.is_set("HMC_PROVIDERS") && named_in(config.str("HMC_PROVIDERS"), c.name);
   auto refuse = [&](std::string why) {
     info.reason = std::move(why);
-    HMC_LOG("core", info, "provider {} ({}) not used: {}", c.name, info.origin, info.reason);
+    if (named) HMC_LOG("core", warn, "provider {} ({}), named in HMC_PROVIDERS, not used: {}", c.name, info.origin, info.reason);
+    else HMC_LOG("core", info, "provider {} ({}) not used: {}", c.name, info.origin, info.reason);
     report_.push_back(info);
     return Status{};
   };
@@ -307,7 +328,7 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
     params = p->ccl->params;
     num_params = p->ccl->num_params;
   }
-  if (bad.empty()) bad = Config::bad_params(params, num_params);
+  if (bad.empty()) bad = config.bad_params(c.name, params, num_params);
   if (!bad.empty()) return refuse("refused: " + bad);
   HMC_RETURN_IF_ERROR(config.add_params(c.name, params, num_params));  // a malformed value of the user's
 
@@ -325,6 +346,7 @@ Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngi
       HMC_LOG("core", warn, "provider {} not used: a setting of its is invalid: {}", c.name, why);
     return refuse("unavailable: " + why);
   }
+  p->initialised = true;
   if (p->dev) {
     int n = 0;
     if (p->dev->device_count(p->state, &n) != 0 || n <= 0) return refuse("unavailable: no device");

@@ -29,6 +29,7 @@ struct LoadedProvider {
   std::string origin;
   void* dl = nullptr;  // dlopen handle; null for built-ins
   void* state = nullptr;
+  bool initialised = false;  // init succeeded: fini runs, whatever state holds
   const hmc_device_provider_t* dev = nullptr;
   const hmc_net_provider_t* net = nullptr;
   const hmc_ccl_provider_t* ccl = nullptr;

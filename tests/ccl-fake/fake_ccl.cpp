@@ -6,9 +6,9 @@
 // use the cpu provider's own kernels, in rank order, so results match HMC's reference.
 // Never installed; tests opt in with HMC_PROVIDER_PATH=<build>/lib/test-ccl.
 //
-// HMC_FAKECCL_SLOT (bytes per rank, default 4 MiB) bounds a message; HMC_FAKECCL_FAIL_RANK
+// HMC_FAKE_SLOT (bytes per rank, default 4 MiB) bounds a message; HMC_FAKE_FAIL_RANK
 // makes that rank's operations fail (the failure path); the others then fail in their next wait.
-// HMC_FAKECCL_NO_ID=1 refuses communicator ids, so that delegation is decided off.
+// HMC_FAKE_NO_ID=1 refuses communicator ids, so that delegation is decided off.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -54,7 +54,7 @@ constexpr size_t kDtypeSize[HMC_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 struct Header {
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> generation;
-  std::atomic<uint32_t> failed;  // rank + 1 of a rank whose operation failed (HMC_FAKECCL_FAIL_RANK)
+  std::atomic<uint32_t> failed;  // rank + 1 of a rank whose operation failed (HMC_FAKE_FAIL_RANK)
 };
 
 struct Comm {
@@ -116,7 +116,7 @@ int check(State* s, Comm* c, size_t bytes, const char* what) {
   if (c->rank == s->fail_rank) {
     c->broken = true;
     c->hdr->failed.store(static_cast<uint32_t>(c->rank) + 1);
-    return fail(HMC_PROV_ERR_INTERNAL, "fake: %s fails on rank %d (HMC_FAKECCL_FAIL_RANK)", what, c->rank);
+    return fail(HMC_PROV_ERR_INTERNAL, "fake: %s fails on rank %d (HMC_FAKE_FAIL_RANK)", what, c->rank);
   }
   if (bytes > c->slot) return fail(HMC_PROV_ERR_UNSUPPORTED, "fake: %s of %zu bytes exceeds the %zu-byte slot", what, bytes, c->slot);
   return HMC_PROV_OK;
@@ -136,9 +136,9 @@ int reduce_slots(State* s, Comm* c, void* dst, size_t offset, size_t count, int 
 int init(const hmc_host_services_t* host, void** state, char*, size_t) {
   auto* s = new State();
   char v[64];
-  if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_SLOT", v, sizeof(v)) == 0) s->slot = std::strtoull(v, nullptr, 10);
-  if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_FAIL_RANK", v, sizeof(v)) == 0) s->fail_rank = std::atoi(v);
-  if (host->config_get && host->config_get(host->host, "HMC_FAKECCL_NO_ID", v, sizeof(v)) == 0) s->no_id = std::atoi(v) != 0;
+  if (host->config_get && host->config_get(host->host, "HMC_FAKE_SLOT", v, sizeof(v)) == 0) s->slot = std::strtoull(v, nullptr, 10);
+  if (host->config_get && host->config_get(host->host, "HMC_FAKE_FAIL_RANK", v, sizeof(v)) == 0) s->fail_rank = std::atoi(v);
+  if (host->config_get && host->config_get(host->host, "HMC_FAKE_NO_ID", v, sizeof(v)) == 0) s->no_id = std::atoi(v) != 0;
   *state = s;
   return HMC_PROV_OK;
 }
@@ -148,7 +148,7 @@ const char* last_error(void*) { return g_error.c_str(); }
 int supports(void*, int dtype, int op) { return dtype >= 0 && dtype < HMC_DTYPE_COUNT && op >= 0 && op < HMC_OP_AVG; }
 
 int unique_id(void* state, void* id, size_t cap, size_t* len) {
-  if (static_cast<State*>(state)->no_id) return fail(HMC_PROV_ERR_UNSUPPORTED, "fake: no ids (HMC_FAKECCL_NO_ID)");
+  if (static_cast<State*>(state)->no_id) return fail(HMC_PROV_ERR_UNSUPPORTED, "fake: no ids (HMC_FAKE_NO_ID)");
   std::random_device rd;
   const std::string name = "/hmc-fakeccl-" + std::to_string(getpid()) + "-" + std::to_string(rd());
   if (cap < name.size() + 1) return fail(HMC_PROV_ERR_INVALID, "fake: id needs %zu bytes", name.size() + 1);
@@ -294,9 +294,9 @@ int group_end(void* state, void* comm) {
 }
 
 const hmc_param_t kParams[] = {
-    {"HMC_FAKECCL_SLOT", "size", "4194304", "test provider: bytes per rank and message"},
-    {"HMC_FAKECCL_FAIL_RANK", "int", "-1", "test provider: this rank's operations fail"},
-    {"HMC_FAKECCL_NO_ID", "int", "0", "test provider: 1 refuses communicator ids"},
+    {"HMC_FAKE_SLOT", "size", "4194304", "test provider: bytes per rank and message"},
+    {"HMC_FAKE_FAIL_RANK", "int", "-1", "test provider: this rank's operations fail"},
+    {"HMC_FAKE_NO_ID", "int", "0", "test provider: 1 refuses communicator ids"},
 };
 
 const hmc_ccl_provider_t kTable = {

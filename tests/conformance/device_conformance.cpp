@@ -45,6 +45,7 @@
 
 #include "catch_run.h"
 #include "hmc/provider/device.h"
+#include "param_defaults.h"
 
 extern char** environ;
 
@@ -183,6 +184,7 @@ class Session {
     REQUIRE(p->struct_size >= kFirstV1Size);
     REQUIRE(p->abi_version == HMC_DEVICE_ABI_VERSION);
     REQUIRE(p->init != nullptr);
+    hmc::conformance::add_param_defaults(host_.config, p->params, p->num_params);
     services_ = {sizeof(hmc_host_services_t), &host_, host_log, host_config_get, host_wake};
     char reason[512];
     std::memset(reason, 0, sizeof(reason));
@@ -210,7 +212,8 @@ class Session {
   const std::string& path() const { return path_; }
 
   void close() {
-    if (p != nullptr && state != nullptr) p->fini(state);
+    if (p != nullptr && init_rc == HMC_PROV_OK) p->fini(state);  // as libhmc: whatever state holds
+    init_rc = HMC_PROV_ERR_INTERNAL;  // once
     state = nullptr;
     if (dl_ != nullptr) dlclose(dl_);
     dl_ = nullptr;
@@ -619,7 +622,8 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
           seen.emplace_back(q.name);
           REQUIRE(q.type != nullptr);
           const std::string type = q.type;
-          CHECK((type == "size" || type == "int" || type == "bool" || type == "string"));
+          CHECK((type == "size" || type == "int" || type == "bool" || type == "duration" || type == "list" ||
+                 type == "string"));
           CHECK(q.default_value != nullptr);
           CHECK((q.help != nullptr && q.help[0] != '\0'));
         }
@@ -1489,6 +1493,7 @@ int ipc_child(const char* plugin) {
   const hmc_device_provider_t* p = entry ? entry() : nullptr;
   if (!p) return die("child: no provider table");
   Host host{environment_config()};
+  hmc::conformance::add_param_defaults(host.config, p->params, p->num_params);
   hmc_host_services_t services{sizeof(services), &host, host_log, host_config_get, host_wake};
   void* state = nullptr;
   char reason[512] = {};
@@ -1761,6 +1766,7 @@ int require_available() {
       return 1;
     }
     Host host{environment_config()};
+    hmc::conformance::add_param_defaults(host.config, p->params, p->num_params);
     hmc_host_services_t services{sizeof(services), &host, host_log, host_config_get, host_wake};
     void* state = nullptr;
     char reason[512] = {};

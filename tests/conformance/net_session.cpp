@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "net_kit.h"
+#include "param_defaults.h"
 
 extern char** environ;
 
@@ -130,6 +131,8 @@ bool Session::open(const std::string& plugin, Config config) {
     p = nullptr;
     return false;
   }
+  // Parameters of the first v1 tables are there in every table the check above passed.
+  hmc::conformance::add_param_defaults(host_.config, p->params, p->num_params);
   services_ = {sizeof(hmc_host_services_t), &host_, host_log, host_config_get, host_wake};
   char text[512] = {};
   init_rc = p->init(&services_, &state, text, sizeof(text));
@@ -141,7 +144,8 @@ bool Session::open(const std::string& plugin, Config config) {
 void Session::close() {
   if (partner != nullptr && partner->partner == this) partner->partner = nullptr;
   partner = nullptr;
-  if (p != nullptr && state != nullptr) p->fini(state);
+  if (p != nullptr && init_rc == HMC_PROV_OK) p->fini(state);  // as libhmc: whatever state holds
+  init_rc = HMC_PROV_ERR_INTERNAL;  // once
   state = nullptr;
   if (dl_ != nullptr) dlclose(dl_);
   dl_ = nullptr;

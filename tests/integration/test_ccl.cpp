@@ -15,7 +15,7 @@ namespace {
 
 // The fake provider fails every operation on rank 1: a delegated call cannot succeed.
 std::map<std::string, std::string> failing_on_rank1(const std::string& ccl = "auto") {
-  return {{"HMC_PROVIDER_PATH", HMC_FAKECCL_DIR}, {"HMC_FAKECCL_FAIL_RANK", "1"}, {"HMC_CCL", ccl},
+  return {{"HMC_PROVIDER_PATH", HMC_FAKECCL_DIR}, {"HMC_FAKE_FAIL_RANK", "1"}, {"HMC_CCL", ccl},
           {"HMC_TIMEOUT", "5s"}};
 }
 
@@ -40,7 +40,7 @@ TEST_CASE("a communicator whose ranks all can delegates, and a provider failure 
     std::vector<float> a(1000, 1.f);
     Status first = all_reduce(e.comm, a.data(), a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum).wait();
     HMC_EXPECT(!first.ok(), "rank " + std::to_string(e.rank) + ": the delegated all_reduce succeeded");
-    if (e.rank == 1) HMC_EXPECT(first.message().find("HMC_FAKECCL_FAIL_RANK") != std::string::npos, first.to_string());
+    if (e.rank == 1) HMC_EXPECT(first.message().find("HMC_FAKE_FAIL_RANK") != std::string::npos, first.to_string());
     // Every later delegated call fails at once, the same way, rather than switching paths.
     Status again = all_gather(e.comm, a.data(), a.data(), 1, DataType::kFloat32).wait(std::chrono::seconds(1));
     HMC_EXPECT(!again.ok() && again.code() != ErrorCode::kTimeout, again.to_string());
@@ -53,7 +53,7 @@ TEST_CASE("a communicator whose ranks all can delegates, and a provider failure 
 // which needs rank 1's first one; rank 1 never makes it. abort() fails them at once.
 TEST_CASE("abort() fails collectives that wait for delegation to be decided", "[ccl]") {
   auto s = failing_on_rank1();
-  s.erase("HMC_FAKECCL_FAIL_RANK");
+  s.erase("HMC_FAKE_FAIL_RANK");
   s["HMC_TIMEOUT"] = "30s";
   run(2, s, [](RankEnv& e) {
     if (e.rank == 1) {  // rank 0's abort ends this receive
@@ -139,7 +139,7 @@ TEST_CASE("calls that wait for an exchange asked again run where the other ranks
 // all_to_all_v, gets vectors its caller changes before the call runs.
 TEST_CASE("collectives made while delegation is decided keep their order", "[ccl]") {
   std::map<std::string, std::string> s{{"HMC_PROVIDER_PATH", HMC_FAKECCL_DIR}, {"HMC_CCL", "auto"},
-                                       {"HMC_FAKECCL_NO_ID", "1"}, {"HMC_TIMEOUT", "20s"}};
+                                       {"HMC_FAKE_NO_ID", "1"}, {"HMC_TIMEOUT", "20s"}};
   run(2, s, [](RankEnv& e) {
     constexpr std::size_t kCount = 64;
     std::vector<int64_t> a(kCount), b(kCount), sum_a(kCount, -1), sum_b(kCount, -1), all(2 * kCount, -1);

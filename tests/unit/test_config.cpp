@@ -91,6 +91,31 @@ TEST_CASE("provider parameters join the table and are checked", "[config]") {
   CHECK(c->unclaimed() == Unclaimed{{"HMC_FAKE_CHUNK", "option"}, {"HMC_TYPO", "option"}});
 }
 
+// A provider's names are its own: HMC_<NAME>_*, and not core's or another provider's even
+// inside that prefix (shm's holds core's HMC_SHM_COLL). The loader refuses such a provider.
+TEST_CASE("a provider's parameters keep to its own names", "[config]") {
+  auto c = Config::load({});
+  REQUIRE(c.ok());
+  hmc_param_t outside[] = {{"HMC_EAGER_LIMIT", "size", "1M", "core's"}};
+  CHECK(c->bad_params("fake", outside, 1) == "parameter HMC_EAGER_LIMIT is not named HMC_FAKE_*");
+  // config_get hands the provider its default as if set: it must parse as its type.
+  hmc_param_t bad_default[] = {{"HMC_FAKE_WAIT", "duration", "soon", "a default of no duration"}};
+  CHECK(c->bad_params("fake", bad_default, 1) == "parameter HMC_FAKE_WAIT's default 'soon' is not a valid duration");
+  hmc_param_t bare[] = {{"HMC_SHM_", "int", "1", "the prefix alone"}};
+  CHECK(c->bad_params("shm", bare, 1) == "parameter HMC_SHM_ is not named HMC_SHM_*");
+  hmc_param_t cores[] = {{"HMC_SHM_COLL", "bool", "0", "core's, in shm's prefix"}};
+  CHECK(c->bad_params("shm", cores, 1) == "parameter HMC_SHM_COLL is core's already");
+  CHECK_FALSE(c->add_params("shm", cores, 1).ok());
+  CHECK(c->text("HMC_SHM_COLL") != "0");  // core's default stands
+  hmc_param_t own[] = {{"HMC_SHM_RING", "bool", "1", "shm's"}, {"HMC_A_B_X", "int", "1", "a_b's"}};
+  CHECK(c->bad_params("shm", own, 1).empty());
+  REQUIRE(c->add_params("shm", own, 1).ok());
+  REQUIRE(c->add_params("shm", own, 1).ok());  // again, by the same owner: no clash
+  // Another provider whose prefix holds it ("a" against "a_b") cannot take it over.
+  REQUIRE(c->add_params("a_b", own + 1, 1).ok());
+  CHECK(c->bad_params("a", own + 1, 1) == "parameter HMC_A_B_X is a_b's already");
+}
+
 // HMC_TCP_PORT and HMC_UCX_PORT: 0, a port, or a range of ports (net-providers/common/port_range.h).
 TEST_CASE("listener port settings take a port or a range, nothing else", "[config]") {
   hmc_net::PortRange r;

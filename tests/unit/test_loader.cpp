@@ -40,6 +40,9 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  // the loader, the other failed the whole context).
                  Want{"fakenoparams", "refused: 2 parameters listed but no table of them"},
                  Want{"fakeunnamed", "refused: parameter 0 without name or type"},
+                 // One of core's settings, retyped: it would have changed core's default and
+                 // failed every context whose user set HMC_TIMEOUT=30s.
+                 Want{"fakecores", "refused: parameter HMC_TIMEOUT is not named HMC_FAKECORES_*"},
                  // A reason without a NUL is cut at its buffer's end, not read past it.
                  Want{"fakelongwhy", "unavailable: xxxxxxxx"}}) {
     INFO(w.name);
@@ -53,6 +56,28 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
   const ProviderInfo* cpu = find(ps, "cpu");
   REQUIRE(cpu != nullptr);
   CHECK(cpu->available);
+}
+
+// HMC_PROVIDER_PATH comes before libhmc's own folder, so its cpu plugin is the one tried.
+TEST_CASE("a cpu plugin that cannot load leaves the built-in one", "[loader]") {
+  auto ctx = Context::create({{{"HMC_PROVIDER_PATH", HMC_BROKEN_CPU_DIR}}});
+  REQUIRE(ctx.ok());
+  int tried = 0, built_in = 0;
+  for (const auto& p : ctx->providers()) {
+    if (p.kind != "device" || p.name != "cpu") continue;
+    if (p.origin.find(HMC_BROKEN_CPU_DIR) == 0) {
+      ++tried;
+      CHECK_FALSE(p.available);
+      CHECK_THAT(p.reason, Catch::Contains("cannot load"));
+    } else if (p.origin == "built-in") {
+      ++built_in;
+      CHECK(p.available);
+    }
+  }
+  CHECK(tried == 1);
+  CHECK(built_in == 1);
+  auto mem = ctx->alloc({"cpu", 0}, 4096);  // host memory through the built-in
+  REQUIRE(mem.ok());
 }
 
 TEST_CASE("a net provider's withdrawn capabilities are gone from what the host reports", "[loader]") {

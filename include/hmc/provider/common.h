@@ -43,7 +43,8 @@ typedef struct hmc_host_services {
   /* Log one message; `provider` names the subsystem (the provider's name). */
   void (*log)(void* host, int level, const char* provider, const char* message);
   /* Look a provider parameter up by full name (e.g. "HMC_TCP_SOCKBUF").
-   * Returns 0 and copies the value (NUL-terminated) when set, 1 when unset,
+   * Returns 0 and copies the value (NUL-terminated): the one set, else the
+   * default of the parameter's table; 1 when neither (unset, no default);
    * negative when the buffer is too small. Providers register their
    * parameters in their own table (see device.h/net.h `params`). */
   int (*config_get)(void* host, const char* name, char* value, size_t value_len);
@@ -55,7 +56,7 @@ typedef struct hmc_host_services {
 /* One tunable parameter a provider reads through config_get. */
 typedef struct hmc_param {
   const char* name;          /* "HMC_TCP_SOCKBUF" */
-  const char* type;          /* "size", "int", "bool", "string" */
+  const char* type;          /* "size", "int", "bool", "duration", "list", "string" */
   const char* default_value; /* as text */
   const char* help;
 } hmc_param_t;

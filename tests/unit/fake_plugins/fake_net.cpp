@@ -3,7 +3,8 @@
 // (5: its messages, so it is refused; 6: its reach to other hosts). 6 has the appended
 // events and idle; 8 has them in memory too, but a struct_size that ends at progress, as
 // the first v1 tables did: the host must not read them. 9 and 10 have broken parameter
-// tables, 11 fills init's reason to its end without a NUL. Never used outside tests.
+// tables, 11 fills init's reason to its end without a NUL, 12 lists a setting of core's as
+// its own. Never used outside tests.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -29,6 +30,7 @@ int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t le
 }
 
 [[maybe_unused]] const hmc_param_t kUnnamed[] = {{nullptr, "int", "0", "a parameter without a name"}};
+[[maybe_unused]] const hmc_param_t kCores[] = {{"HMC_TIMEOUT", "int", "5", "core's setting, retyped"}};
 
 [[maybe_unused]] int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
   *state = nullptr;
@@ -84,6 +86,9 @@ hmc_net_provider_t make_table() {
   t.num_params = 1;
 #elif FAKE_KIND == 11
   t.init = init_unterminated;
+#elif FAKE_KIND == 12
+  t.params = kCores;
+  t.num_params = 1;
 #endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
   t.close_listener = [](void*, void*) { return 0; };
