@@ -475,7 +475,10 @@ Status CclLink::launch(const CclWork& w, const Placed& pl, void* stream) {
   const int op = static_cast<int>(avg ? ReduceOp::kSum : w.op.value_or(ReduceOp::kSum));
   void* recv = pl.recv ? pl.recv : const_cast<void*>(pl.send);  // reduce: recv matters at the root only
   auto vendor = [&](int rc) { return rc == 0 ? Status() : provider_status(ccl_, ccl_->name); };
-  // avg keeps HMC's rounding: the vendor's sum, then the device provider's division.
+  // avg keeps HMC's rounding: the vendor's sum, then the device provider's division,
+  // which a provider without the reduce capability need not have (device.h).
+  if (avg && (dev_->dev->caps & HMC_DEV_CAP_REDUCE) == 0)
+    return {ErrorCode::kUnsupported, "avg: device provider " + dev_->name + " cannot divide (no reduce capability)"};
   auto divide = [&](Status s, void* buf, bool here) {
     if (!s.ok() || !avg || !here) return s;
     if (dev_->dev->divide(dev_->state, buf, w.count, t, static_cast<uint64_t>(size_), stream) == 0) return s;

@@ -69,6 +69,7 @@ struct State {
   void* lib = nullptr;
   Nccl f;
   int version = 0;
+  bool pinned = false;  // an init thread was given up on: libnccl stays loaded (pin_code)
 };
 
 struct Comm {
@@ -166,9 +167,13 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
     return refuse(std::string("no CUDA device: cudaGetDeviceCount: ") +
                   (err != cudaSuccess ? cudaGetErrorString(err) : "no device found"));
   }
-  char lib[256] = "libnccl.so.2";
-  if (host->config_get != nullptr && host->config_get(host->host, "HMC_NCCL_LIBRARY", lib, sizeof(lib)) != 0)
-    std::snprintf(lib, sizeof(lib), "libnccl.so.2");
+  char lib[4096] = "libnccl.so.2";  // PATH_MAX
+  const int got = host->config_get != nullptr ? host->config_get(host->host, "HMC_NCCL_LIBRARY", lib, sizeof(lib)) : 1;
+  if (got < 0) {  // set on purpose, and not what was meant: not the system's library instead
+    refuse("HMC_NCCL_LIBRARY is longer than a path (" + std::to_string(sizeof(lib) - 1) + " bytes)");
+    return HMC_PROV_ERR_INVALID;
+  }
+  if (got != 0) std::snprintf(lib, sizeof(lib), "libnccl.so.2");
   s->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (s->lib == nullptr) {
     const char* why = dlerror();
@@ -207,8 +212,18 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
 
 void fini(void* state) {
   auto* s = static_cast<State*>(state);
-  if (s->lib != nullptr) dlclose(s->lib);
+  if (s->lib != nullptr && !s->pinned) dlclose(s->lib);
   delete s;
+}
+
+// An init thread given up on may stay in ncclCommInitRank for as long as the missing rank
+// takes, then return into this plugin and call NCCL: neither may be unloaded under it
+// (fini's dlclose of libnccl, the host's of this file), for the rest of the process.
+void pin_code(State* s) {
+  s->pinned = true;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&pin_code), &info) != 0 && info.dli_fname != nullptr)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
 const char* last_error(void*) { return g_error.c_str(); }
@@ -265,6 +280,7 @@ int comm_init(void* state, const void* id, size_t id_len, int nranks, int rank, 
   std::unique_lock lock(job->mu);
   if (!job->cv.wait_for(lock, std::chrono::milliseconds(limit), [&] { return job->done; })) {
     job->abandoned = true;
+    pin_code(s);
     return fail(HMC_PROV_ERR_PEER_LOST, "ncclCommInitRank: not done after %lld ms (a rank missing?)", static_cast<long long>(limit));
   }
   if (job->result != ncclSuccess) {
