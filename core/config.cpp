@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 
 extern char** environ;
@@ -71,14 +72,18 @@ Status validate(const ParamDef& def, const std::string& value) {
 namespace {
 
 // The number a size or a duration starts with, and its unit in lower case. strtod also
-// reads "nan", "inf" and signs, which neither is: !(v >= 0) refuses NaN, isfinite the
-// infinities, and a '-' anywhere "-0" (and exponents such as "1e-3K").
+// reads "nan", "inf", hexadecimal ("0x10") and signs, which neither is: only digits, a
+// point and a decimal exponent may make the number, and a '-' anywhere is refused ("-0",
+// "1e-3K").
 std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
   if (text.empty() || text.find('-') != std::string::npos) return std::nullopt;
+  if (!std::isdigit(static_cast<unsigned char>(text[0])) && text[0] != '.') return std::nullopt;  // "+4K"
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
   if (end == text.c_str() || errno != 0 || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
+  for (const char* c = text.c_str(); c < end; ++c)
+    if (!std::isdigit(static_cast<unsigned char>(*c)) && std::strchr(".eE+", *c) == nullptr) return std::nullopt;
   return std::make_pair(v, lower(end));
 }
 
@@ -88,8 +93,10 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   auto parsed = number_and_unit(text);
   if (!parsed) return std::nullopt;
   auto& [v, unit] = *parsed;
-  if (!unit.empty() && unit.back() == 'b') unit.pop_back();   // "kb", "mib" -> "k", "mi"
-  if (!unit.empty() && unit.back() == 'i') unit.pop_back();
+  // "b", and k, m, g, t alone or with "b", "i" or "ib" after them ("kb", "mib" -> "k", "m").
+  if (unit == "b") unit.clear();
+  else if (unit.size() == 3 && unit.compare(1, 2, "ib") == 0) unit.resize(1);
+  else if (unit.size() == 2 && (unit[1] == 'b' || unit[1] == 'i')) unit.resize(1);
   double mul = 1;
   if (unit == "k") mul = 1024.0;
   else if (unit == "m") mul = 1024.0 * 1024;
@@ -99,6 +106,7 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   // 2^64 and beyond do not fit (converting them is undefined): "1e30", "16777216T".
   const double bytes = v * mul;
   if (!(bytes < 18446744073709551616.0)) return std::nullopt;
+  if (bytes != std::floor(bytes)) return std::nullopt;  // "1.5" bytes, "0.1K": not a whole number
   return static_cast<uint64_t>(bytes);
 }
 

@@ -78,6 +78,10 @@ refused "more than this machine's memory and swap" "$bench" all_reduce -m sharea
 refused "-b measures the pairs that --local N starts" "$probe" -b 4M
 refused "--put measures the pairs that --local N starts" "$probe" --put
 refused "config prints this machine's table; it does not go with --local" "$probe" --local 2 config
+refused "--timeout requires --local" "$bench" all_reduce -b 8 -e 8 --timeout 5
+refused "-b: bad size '1.5'" "$bench" all_reduce -b 1.5 -e 8 --local 2
+refused "-e: bad size '8i'" "$bench" all_reduce -b 8 -e 8i --local 2
+refused "bad size '0x10'" "$probe" --local 2 -b 0x10 "${small[@]}"
 
 # Counts.
 refused "--timeout: Value -5 not in range" "$probe" --local 2 --timeout -5 -b 1K -n 1 --lat-iters 10
@@ -109,6 +113,10 @@ judged "--lat-iters 2147483647 --lat-warmup 10 runs until the deadline" $? 124 "
 # The memcpy reference at 1 B, 25600 copies (the last writes 255).
 timeout 60 "$probe" --local 2 -b 1 -n 25600 --lat-iters 10 --timeout 50 > "$out" 2>&1
 judged "memcpy reference above zero at 1 B" $? 0 'memcpy ([0-9]*[1-9][0-9]*\.[0-9]+|[0-9]+\.[0-9]*[1-9][0-9]*) GB/s'
+
+# A size that is no whole unit keeps its fraction in the matrix's header.
+timeout 60 "$probe" --local 2 -b 1536K -n 2 --lat-iters 10 --lat-warmup 0 --timeout 50 > "$out" 2>&1
+judged "1536K is shown as 1.5 MiB" $? 0 "bandwidth one way with 1\.5 MiB messages"
 
 # SIGTERM while the ranks run: they are killed, and the tool ends with 128 + 15.
 "$probe" --local 2 -b 64K -n 2 --lat-iters 2147483647 --lat-warmup 10 --timeout 50 > "$out" 2>&1 &

@@ -31,6 +31,18 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
   CHECK_FALSE(parse_size("-inf"));
   CHECK_FALSE(parse_size("1e30"));       // finite, but past 2^64
   CHECK_FALSE(parse_size("16777216T"));  // exactly 2^64
+  CHECK(parse_size("8b") == 8u);
+  CHECK(parse_size("2KiB") == 2048u);
+  CHECK(parse_size("2ki") == 2048u);
+  CHECK(parse_size("0.5K") == 512u);
+  CHECK(parse_size("1e3") == 1000u);
+  CHECK_FALSE(parse_size("1.5"));   // no half bytes
+  CHECK_FALSE(parse_size("0.1K"));  // 102.4
+  CHECK_FALSE(parse_size("8i"));    // a unit of "i" alone
+  CHECK_FALSE(parse_size("8ib"));
+  CHECK_FALSE(parse_size("4kbb"));
+  CHECK_FALSE(parse_size("0x10"));  // strtod reads hexadecimal
+  CHECK_FALSE(parse_size("+4K"));
   CHECK(parse_duration("30") == 30000ms);
   CHECK(parse_duration("500ms") == 500ms);
   CHECK(parse_duration("2m") == 120000ms);

@@ -94,8 +94,10 @@ int parse_cli(int argc, char** argv, Cli& cli) {
   app.add_flag("--stream", o.stream,
                "stream-ordered: ranks with device buffers call on a device stream (CollOptions::stream), "
                "timed as nccl-tests times (calls queued, then the stream drained); ranks on cpu call without; not for barrier");
-  app.add_option("--local", cli.local, "start N ranks on this machine")->check(CLI::Range(1, 256));
-  app.add_option("--timeout", cli.timeout_s, "seconds before --local ranks are killed")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  auto* local_opt = app.add_option("--local", cli.local, "start N ranks on this machine")->check(CLI::Range(1, 256));
+  // Without --local no rank of this program's is killed: ignored, it would mislead.
+  app.add_option("--timeout", cli.timeout_s, "seconds before --local ranks are killed")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str()->needs(local_opt);
   auto* json_flag = app.add_flag("--json", json, "print one JSON document instead of the table");
   app.add_flag("--csv", csv, "print CSV instead of the table")->excludes(json_flag);
   app.add_flag("--progress", o.progress, "progress line on stderr even when it is not a terminal");

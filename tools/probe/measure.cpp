@@ -232,6 +232,16 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
   if (!bytes) return bytes.status();
   auto buf = buffer(ctx, dev.value(), bytes.value(), opt.memory);
   if (!buf) return buf.status();
+  // A measurement that failed may leave transfers of `buf` under way with its peer: the
+  // communicator is aborted before the buffer goes (docs/collectives.md, "Errors"), as
+  // hmc-bench does.
+  struct AbortUnlessDone {
+    Communicator& c;
+    bool done = false;
+    ~AbortUnlessDone() {
+      if (!done) c.abort();
+    }
+  } guard{c};
   auto devices = all_devices(c, dev.value());
   if (!devices) return devices.status();
   std::optional<MemoryRegion> region;  // --put: this rank's buffer as a put target
@@ -288,6 +298,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
     uint64_t n = text.size();
     HMC_RETURN_IF_ERROR(c.send(&n, 8, 0, kResultTag));
     HMC_RETURN_IF_ERROR(c.send(text.data(), n, 0, kResultTag));
+    guard.done = true;
     return all;
   }
   add(rows);
@@ -298,6 +309,7 @@ Result<std::vector<PairFigures>> measure_all(Context& ctx, Communicator& c, cons
     HMC_RETURN_IF_ERROR(c.recv(text.data(), n, r, kResultTag));
     add(nlohmann::json::parse(text));
   }
+  guard.done = true;
   return all;
 }
 

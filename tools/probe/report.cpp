@@ -19,7 +19,8 @@ std::string human(std::size_t b) {
   double v = static_cast<double>(b);
   while (v >= 1024 && i < 3) v /= 1024, ++i;
   char s[32];
-  std::snprintf(s, sizeof(s), "%.0f %s", v, u[i]);
+  // Whole units as such ("64 KiB"); others keep what they are ("1.5 MiB", not "2 MiB").
+  std::snprintf(s, sizeof(s), v == static_cast<double>(static_cast<uint64_t>(v)) ? "%.0f %s" : "%.4g %s", v, u[i]);
   return s;
 }
 
