@@ -27,8 +27,9 @@ Status all_reduce_ring(Plan& p, const void* send, void* recv, std::size_t count)
   if (in_place) {
     // Blocks are q+1 or q elements long and cut into chunks separately: the longer block
     // can have one chunk more and so shorter ones (q+1 = 1025, q = 1024 with chunks of 1024:
-    // 513 against 1024). A slot holds the longest first chunk of either length.
-    std::size_t slot_elems = std::max(p.chunk_of(blk(0).len, 0).len, p.chunk_of(blk(n - 1).len, 0).len), total = 0;
+    // 513 against 1024). A slot holds the longest first chunk of either length (q may be 0).
+    auto first_chunk = [&](std::size_t len) { return len ? p.chunk_of(len, 0).len : 0; };
+    std::size_t slot_elems = std::max(first_chunk(blk(0).len), first_chunk(blk(n - 1).len)), total = 0;
     for (int st = 0; st < n - 1; ++st) total += p.chunks(blk(r - st - 1).len);
     std::size_t nslots = std::max<std::size_t>(1, std::min(total, kSlots));
     auto base = p.scratch_elems(slot_elems * nslots);

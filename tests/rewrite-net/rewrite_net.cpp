@@ -123,6 +123,10 @@ extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_
   }
   std::memcpy(&g_ops, tcp, tcp->struct_size < sizeof g_ops ? tcp->struct_size : sizeof g_ops);
   g_ops.name = "rewrite";
+  // tcp's HMC_TCP_* are tcp's names: the host refuses a provider that lists another's.
+  // Unlisted, they still read as set, and tcp's code takes its own defaults otherwise.
+  g_ops.params = nullptr;
+  g_ops.num_params = 0;
   g_ops.send_msg = rewrite_send;
   g_ops.recv_msg = rewrite_recv;
   g_ops.test = rewrite_test;
