@@ -276,9 +276,12 @@ Result<uint8_t*> DeviceTransfers::stage(const ContextImpl::MemInfo& near, std::s
   while (size < bytes) size <<= 1;
   auto mem = ctx_.alloc(id, size, AllocKind::kPinnedHost);
   if (!mem) return mem.status();
-  // Keep a few buffers: beyond that, an idle one makes room.
+  // Keep a few buffers: beyond that, an idle one makes room. Not while a stream waits on a
+  // flag of this context: freeing pinned memory waits for the whole device
+  // (cudaFreeHost), so it would not return before progress sets the flag, and progress
+  // may be this thread, under the communicator's lock (as IpcImports::close_idle).
   constexpr std::size_t kKeep = 8;
-  if (staging_.size() >= kKeep) {
+  if (staging_.size() >= kKeep && !ctx_.engine()->held()) {
     auto idle = std::find_if(staging_.begin(), staging_.end(), [](const Staging& s) { return !s.in_use; });
     if (idle != staging_.end()) staging_.erase(idle);
   }

@@ -227,7 +227,9 @@ int growing_all_reduces(RankEnv& e, const std::vector<std::size_t>& counts) {
 // imports each by IPC while its stream waits on the all_reduce's flag, and closes imports
 // past its cache's size. Closing one waits for the whole device (cudaIpcCloseMemHandle),
 // which would not return before that flag is set.
-int imports_while_stream_waits(RankEnv& e, int messages, std::size_t bytes) {
+// With `grow`, message k is bytes << k long: each needs a larger staging buffer.
+int imports_while_stream_waits(RankEnv& e, int messages, std::size_t bytes, bool grow = false) {
+  auto size = [&](int k) { return grow ? bytes << k : bytes; };
   const DeviceId dev = device_for(e.ctx, e.rank);
   auto stream = Stream::create(e.ctx, dev);
   auto acc = DevBuf::make(e.ctx, dev, 1024 * sizeof(int32_t));
@@ -241,21 +243,21 @@ int imports_while_stream_waits(RankEnv& e, int messages, std::size_t bytes) {
   Request r;
   if (e.rank == 0) {
     r = reduce();
-    auto src = DevBuf::make(e.ctx, dev, bytes);
+    auto src = DevBuf::make(e.ctx, dev, size(messages - 1));
     HMC_EXPECT(src.ok(), "setup");
     for (int k = 0; k < messages; ++k) {
-      src->host = random_bytes(bytes, 500 + k);
+      src->host = random_bytes(size(k), 500 + k);
       HMC_EXPECT_OK(src->push());
-      HMC_EXPECT_OK(e.comm.isend(src->ptr(), bytes, 1, k).wait(kWait));
+      HMC_EXPECT_OK(e.comm.isend(src->ptr(), size(k), 1, k).wait(kWait));
     }
   } else if (e.rank == 1) {
     std::vector<DevBuf> dst;
     for (int k = 0; k < messages; ++k) {
-      auto b = DevBuf::make(e.ctx, dev, bytes);
+      auto b = DevBuf::make(e.ctx, dev, size(k));
       HMC_EXPECT(b.ok(), "device allocation " + std::to_string(k));
-      HMC_EXPECT_OK(e.comm.irecv(b->ptr(), bytes, 0, k).wait(kWait));
+      HMC_EXPECT_OK(e.comm.irecv(b->ptr(), size(k), 0, k).wait(kWait));
       HMC_EXPECT_OK(b->pull());
-      HMC_EXPECT(b->host == random_bytes(bytes, 500 + k), "message " + std::to_string(k));
+      HMC_EXPECT(b->host == random_bytes(size(k), 500 + k), "message " + std::to_string(k));
       dst.push_back(std::move(b.value()));
     }
     r = reduce();
@@ -406,6 +408,27 @@ TEST_CASE("IPC imports are not closed while a stream waits on a flag", "[device]
   std::remove(log.c_str());
   auto exits = run_ranks(2, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log}},
                          [](RankEnv& e) { return imports_while_stream_waits(e, 70, 256 * 1024); }, kWait);
+  INFO(describe(exits));
+  const std::string stuck = take_lines(log, "device-wide-wait-stuck");
+  REQUIRE(all_ok(exits));
+  CHECK(stuck.empty());
+}
+
+TEST_CASE("staging buffers are not freed while a stream waits on a flag", "[device][stream]") {
+  // Ranks on two "hosts": device messages go through pinned staging buffers, of which a
+  // communicator keeps 8. Ten messages, each twice the last, would free idle ones while
+  // rank 0's stream waits; freeing pinned memory waits for the whole device (as
+  // cudaFreeHost does), which the emulator notes when it would have waited forever.
+  const char* queues = std::getenv("HMC_EMU_QUEUES");
+  if (device_under_test() != "emu" || (queues && std::string(queues) != "0")) {
+    WARN("needs the emulated provider with a queue per stream: skipped");
+    return;
+  }
+  const std::string log = "/tmp/hmc-wide-staging-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  auto exits = run_ranks(2, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log},
+                             {"HMC_HOST_ID", "host{rank}"}},
+                         [](RankEnv& e) { return imports_while_stream_waits(e, 10, 64 * 1024, true); }, kWait);
   INFO(describe(exits));
   const std::string stuck = take_lines(log, "device-wide-wait-stuck");
   REQUIRE(all_ok(exits));
