@@ -99,6 +99,11 @@ bool read_params(State* s, char* reason, size_t reason_len) {
 
 // ---- driver and devices ----------------------------------------------------------
 
+// The calling thread's context, for DeviceGuard; found at init (missing: it restores the
+// device number instead).
+PFN_cuCtxGetCurrent_v4000 g_ctx_get_current = nullptr;
+PFN_cuCtxSetCurrent_v4000 g_ctx_set_current = nullptr;
+
 template <class Fn>
 bool resolve(const char* symbol, unsigned version, Fn* out, std::string* why) {
   void* fn = nullptr;
@@ -204,6 +209,11 @@ int open_driver(State* s, int* count, char* reason, size_t reason_len) {
       !resolve("cuPointerGetAttributes", 7000, &s->drv.pointer_get_attributes, &why)) {
     std::snprintf(reason, reason_len, "no CUDA driver: entry point %s", why.c_str());
     return HMC_PROV_ERR_UNAVAILABLE;
+  }
+  if (!resolve("cuCtxGetCurrent", 4000, &g_ctx_get_current, &why) ||
+      !resolve("cuCtxSetCurrent", 4000, &g_ctx_set_current, &why)) {
+    g_ctx_get_current = nullptr;
+    log(s, HMC_LOG_DEBUG, "a thread's device is restored by number: %s", why.c_str());
   }
   if (!resolve("cuStreamWaitValue32", 12000, &s->drv.stream_wait_value32, &why)) {
     log(s, HMC_LOG_DEBUG, "stream flags unsupported: %s", why.c_str());
@@ -550,13 +560,24 @@ int DeviceGuard::use(int device, const char* what) {
   cudaError_t err = cudaGetDevice(&current);
   if (err != cudaSuccess) return fail_cuda(err, what, "cudaGetDevice");
   if (current == device) return HMC_PROV_OK;
+  CUcontext ctx = nullptr;
+  const bool have_ctx = g_ctx_get_current != nullptr && g_ctx_set_current != nullptr &&
+                        g_ctx_get_current(&ctx) == CUDA_SUCCESS;
   err = cudaSetDevice(device);
   if (err != cudaSuccess) return fail_cuda(err, what, "cudaSetDevice");
   if (!changed_) {
     previous_ = current;
+    previous_ctx_ = ctx;
+    have_ctx_ = have_ctx;
     changed_ = true;
   }
   return HMC_PROV_OK;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (!changed_) return;
+  if (have_ctx_) g_ctx_set_current(previous_ctx_);
+  else cudaSetDevice(previous_);
 }
 
 int pointer_info(const void* p, const char* what, PointerInfo* out) {

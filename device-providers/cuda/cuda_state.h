@@ -98,14 +98,16 @@ const char* last_error_text();
 // Logs through the host's callback. Formats only when the host gave one.
 void log(const State* s, int level, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 
-// Makes `device` current for the scope and restores the caller's device after:
-// the host never calls cudaSetDevice, and an application thread keeps its own.
+// Makes `device` current for the scope and restores the caller's context after: the
+// host never calls cudaSetDevice, and an application thread keeps its own. The driver's
+// current context is what is put back, none included: cudaSetDevice of the device the
+// runtime reports for a thread without one (0) would make a context on GPU 0 for a
+// process that uses another, and would put the primary context in place of one of the
+// application's own.
 class DeviceGuard {
  public:
   DeviceGuard() = default;
-  ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
-  }
+  ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
   // 0, or a negative code with last_error set (`what` names the entry point).
@@ -113,6 +115,8 @@ class DeviceGuard {
 
  private:
   int previous_ = 0;
+  CUcontext previous_ctx_ = nullptr;
+  bool have_ctx_ = false;  // previous_ctx_ was read (the driver's entry points were found)
   bool changed_ = false;
 };
 
