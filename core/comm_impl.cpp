@@ -241,6 +241,15 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
       all_up &= st == 0;
     }
     if (all_up && accepted == expected_in) return {};
+    // A peer the control plane lost (it failed its own set-up, or died) will not come:
+    // say so now rather than at HMC_TIMEOUT.
+    if (lost_changed_.load(std::memory_order_relaxed))
+      for (int r : bootstrap_->lost_peers()) {
+        const Peer& p = peers_[r];
+        if (r != rank_ && p.net && (!p.conn || p.net->net->conn_status(p.net->state, p.conn) != 0))
+          return {ErrorCode::kPeerLost, describe(p) + " left the job while the connections were set up (its own "
+                                                      "error is in its output)"};
+      }
     if (Clock::now() >= deadline) {
       std::string missing;
       for (auto& p : peers_)

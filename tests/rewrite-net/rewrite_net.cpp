@@ -10,7 +10,8 @@
 //                      says alloc_bytes = UINT64_MAX and offset := value.
 //   HMCTEST_REWRITE_VALUE  the value (strtoull, base 0), default 0.
 // And, read at each test of a receive: HMCTEST_REWRITE_MODE=bytes reports that many bytes
-// received (a provider's own fault, seen by the core of its process).
+// received (a provider's own fault, seen by the core of its process); read at each
+// connect: HMCTEST_REWRITE_MODE=connect fails it (a rank that cannot reach its peers).
 // Core's wire formats come from core/wire.h and the IPC offer's head from
 // core/device_path.cpp (OfferHead: magic, handle_len, alloc_id, alloc_bytes, offset, ...).
 #include <dlfcn.h>
@@ -44,6 +45,12 @@ const hmc_net_provider_t* g_tcp = nullptr;
 // kept for the life of the process (a test rewrites a handful).
 std::mutex g_kept_mu;
 std::deque<std::vector<unsigned char>> g_kept;
+
+int rewrite_connect(void* state, const void* addr, size_t addr_len, const void* hello, size_t hello_len, void** conn) {
+  const char* mode = std::getenv("HMCTEST_REWRITE_MODE");
+  if (mode && std::string(mode) == "connect") return HMC_PROV_ERR_UNAVAILABLE;
+  return g_tcp->connect(state, addr, addr_len, hello, hello_len, conn);
+}
 
 int rewrite_send(void* state, void* conn, const void* buf, size_t len, void** req) {
   const char* mode_env = std::getenv("HMCTEST_REWRITE_MODE");
@@ -127,6 +134,7 @@ extern "C" __attribute__((visibility("default"))) const hmc_net_provider_t* hmc_
   // Unlisted, they still read as set, and tcp's code takes its own defaults otherwise.
   g_ops.params = nullptr;
   g_ops.num_params = 0;
+  g_ops.connect = rewrite_connect;
   g_ops.send_msg = rewrite_send;
   g_ops.recv_msg = rewrite_recv;
   g_ops.test = rewrite_test;

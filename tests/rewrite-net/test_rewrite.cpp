@@ -158,3 +158,21 @@ TEST_CASE("a provider that reports more bytes than a receive holds loses the pee
   INFO(describe(exits));
   CHECK(all_ok(exits));
 }
+
+// Rank 0 cannot connect (HMCTEST_REWRITE_MODE=connect) and gives up at once. Rank 1, which
+// only accepts, hears from the control plane that rank 0 left: it must fail then, not
+// wait for the connection until HMC_TIMEOUT.
+TEST_CASE("a rank that leaves while connections are set up fails the others at once", "[rewrite]") {
+  setenv("HMCTEST_REWRITE_MODE", "connect", 1);
+  auto s = settings(false);
+  s["HMC_TIMEOUT"] = "30s";
+  const auto start = std::chrono::steady_clock::now();
+  auto exits = run_ranks(2, s, [](RankEnv&) { return 0; }, std::chrono::seconds(90));
+  const auto took = std::chrono::steady_clock::now() - start;
+  unsetenv("HMCTEST_REWRITE_MODE");
+  INFO(describe(exits));
+  REQUIRE(exits.size() == 2);
+  CHECK(exits[0].exit_code == 4);  // Communicator::create failed
+  CHECK(exits[1].exit_code == 4);
+  CHECK(took < std::chrono::seconds(15));
+}
