@@ -66,13 +66,19 @@ Result<RootAddress> parse_root(const std::string& root) {
     return Status(ErrorCode::kInvalidArgument, "bootstrap root '" + root + "' is not host:port");
   auto port = parse_number(root.substr(colon + 1), 1, 65535, "the port of bootstrap root '" + root + "',");
   if (!port) return port.status();
-  return RootAddress{root.substr(0, colon), static_cast<uint16_t>(port.value())};
+  std::string host = root.substr(0, colon);
+  // "[fd00::1]": the resolver takes the address without its brackets.
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return RootAddress{host, static_cast<uint16_t>(port.value())};
 }
 
 std::string root_bind_host(const std::string& host) {
   if (host == "localhost") return "127.0.0.1";
   if (host.rfind("127.", 0) == 0) return host;
   if (host == "::1" || host == "[::1]") return "::1";
+  // An IPv6 address: every interface of both families (dual stack), where IPv4's alone
+  // would refuse every rank.
+  if (host.find(':') != std::string::npos) return "::";
   return "";
 }
 

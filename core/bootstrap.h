@@ -30,7 +30,8 @@ Result<RootAddress> parse_root(const std::string& root);
 // Where a root for peers that reach it at `host` listens: on loopback alone when `host` is a
 // loopback address or "localhost" (every rank is on this host: nothing outside need reach
 // it), else on every interface (a name may resolve here to another address than the peers
-// see, as Debian's 127.0.1.1 for the host name). "" means every interface.
+// see, as Debian's 127.0.1.1 for the host name). "" means every IPv4 interface, "::" (for
+// an IPv6 `host`) every interface of both families.
 std::string root_bind_host(const std::string& host);
 // Whether `host` names an address of this machine (one it can bind); true where it does not
 // resolve, which the connect then reports.

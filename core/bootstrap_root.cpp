@@ -142,6 +142,9 @@ Status BootstrapRoot::Impl::listen(const std::string& host, uint16_t port) {
   }
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) wire::close_on_exec(acceptor_.native_handle());
+  // "::" takes IPv4 peers too (as v4-mapped addresses), whatever the system's default.
+  if (!ec && endpoint.address().is_v6() && endpoint.address().is_unspecified())
+    acceptor_.set_option(asio::ip::v6_only(false), ec);
   // A restarted job must be able to reuse the port while old connections sit in TIME_WAIT.
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);

@@ -27,5 +27,12 @@ port=$(( 10000 + $$ % (low - 10010) ))
 run_job torchrun 3 RANK=@RANK@ WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=job-$$
 run_job mpirun 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 HMC_ROOT=127.0.0.1:$((port + 7)) \
   HMC_SECRET=00112233445566778899aabbccddeeff
-[ $fail = 0 ] && echo "ok: torchrun and Open MPI variables"
+# An IPv6 root, bracketed as HMC_ROOT takes it, ranks on two "hosts" (tcp between them).
+if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; then
+  run_job ipv6 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 "HMC_ROOT=[::1]:$((port + 9))" \
+    HMC_HOST_ID=host@RANK@ HMC_SECRET=00112233445566778899aabbccddeeff
+else
+  echo "no IPv6 loopback here: the IPv6 root is not checked"
+fi
+[ $fail = 0 ] && echo "ok: torchrun and Open MPI variables, an IPv6 root"
 exit $fail

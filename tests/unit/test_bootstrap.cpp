@@ -552,6 +552,36 @@ TEST_CASE("bootstrap roots for loopback addresses listen on loopback alone", "[b
   CHECK(found);
 }
 
+// IPv6 roots: "[addr]:port" loses its brackets for the resolver, and a root for peers that
+// reach it at an IPv6 address listens on "::" for both families (it listened on IPv4's
+// 0.0.0.0, and every rank's connect was refused until HMC_TIMEOUT).
+TEST_CASE("bootstrap over IPv6: bracketed roots, and a dual-stack root", "[bootstrap]") {
+  using hmc::core::parse_root;
+  using hmc::core::root_bind_host;
+  auto bracketed = parse_root("[fd00::1]:29500");
+  REQUIRE(bracketed.ok());
+  CHECK(bracketed->host == "fd00::1");
+  CHECK(bracketed->port == 29500);
+  CHECK(parse_root("fd00::1:29501")->host == "fd00::1");  // MASTER_ADDR=fd00::1 as from_env joins it
+  CHECK(root_bind_host("fd00::1") == "::");
+  CHECK(root_bind_host("[::1]") == "::1");
+  const Secret secret = random_secret();
+  auto root = BootstrapRoot::start(root_bind_host("fd00::1"), 0, secret);
+  REQUIRE(root.ok());
+  const uint16_t port = root.value()->port();
+  // One rank over IPv6 loopback, one over IPv4's: both reach the "::" root.
+  const std::string hosts[] = {parse_root("[::1]:" + std::to_string(port))->host, "127.0.0.1"};
+  run_ranks(2, [&](int rank) {
+    auto b = Bootstrap::connect(hosts[rank], port, secret, rank, 2, in(5s));
+    INFO("rank " << rank << " via " << hosts[rank]);
+    REQUIRE(b.ok());
+    auto all = b.value()->allgather({static_cast<uint8_t>(rank)}, in(5s));
+    REQUIRE(all.ok());
+    CHECK(all->size() == 2);
+    CHECK(b.value()->finalize(in(5s)).ok());
+  });
+}
+
 // Rank 0 of from_env starts the root wherever it runs; an HMC_ROOT naming another host
 // then leaves every rank dialling nowhere, so rank 0 warns when the address is not its own.
 TEST_CASE("bootstrap tells this host's addresses from others", "[bootstrap]") {
