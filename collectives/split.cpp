@@ -62,7 +62,9 @@ Result<Communicator> split(Context& ctx, Communicator& comm, int color, int key)
   const uint64_t tag = coll::tag_base(seq) | coll::subtag(0);
   std::array<char, kIdBytes>& text = bufs->text;
   if (r == leader) {
-    auto id = ctx.create_unique_id();
+    // At the address this rank reaches the parent's root from, which the members reach too
+    // (the host name's may be loopback, as Debian's 127.0.1.1, on a job across hosts).
+    auto id = ctx.impl().create_unique_id(comm.impl().control_ip());
     // A failure still goes out, so that the members fail at once instead of timing out.
     std::string out = id ? id->to_string() : "!" + id.status().message();
     std::memcpy(text.data(), out.data(), std::min(out.size(), kIdBytes - 1));

@@ -261,6 +261,8 @@ Status CommImpl::connect_all(const Secret& secret, Clock::time_point deadline) {
   }
 }
 
+std::string CommImpl::control_ip() const { return bootstrap_ ? bootstrap_->local_ip() : std::string(); }
+
 std::string CommImpl::describe(const Peer& p) const {
   return "rank " + std::to_string(p.rank) + " (" + p.card.hostname + ", pid " + std::to_string(p.card.pid) + ", " +
          p.path.provider + ")";

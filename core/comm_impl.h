@@ -59,6 +59,8 @@ class CommImpl : public Progressable {
   ~CommImpl() override;
 
   int rank() const { return rank_; }
+  // This rank's address on its connection to the bootstrap root ("" without one).
+  std::string control_ip() const;
   int size() const { return size_; }
   ContextImpl& context() { return ctx_; }
   const PeerInfo& peer_info(int r) const { return peers_[r].info; }

@@ -376,15 +376,17 @@ void ContextImpl::keep_root(std::unique_ptr<BootstrapRoot> root) {
   over.clear();  // joins their threads, outside the lock
 }
 
-Result<UniqueId> ContextImpl::create_unique_id() {
+Result<UniqueId> ContextImpl::create_unique_id(const std::string& reachable_at) {
   UniqueId id;
   std::random_device rd;
   for (auto& b : id.secret) b = static_cast<uint8_t>(rd());
   std::string host = config_.str("HMC_BOOTSTRAP_ADDR");
+  if (host.empty()) host = reachable_at;
   if (host.empty()) host = hostname_ipv4();
   auto root = BootstrapRoot::start(root_bind_host(host), 0, id.secret);
   if (!root) return root.status();
-  id.root = host + ":" + std::to_string(root.value()->port());
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  id.root = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(root.value()->port());
   keep_root(std::move(root.value()));
   return id;
 }

@@ -83,7 +83,10 @@ class ContextImpl {
   // Peer memory imported over IPC, shared by this context's communicators.
   IpcImports& ipc_imports() { return *ipc_imports_; }
 
-  Result<UniqueId> create_unique_id();
+  // The id names HMC_BOOTSTRAP_ADDR, else `reachable_at` (an address of this host that the
+  // job's ranks reach: a communicator's control connection, for split), else the host
+  // name's IPv4 address (which may be loopback: Debian's 127.0.1.1).
+  Result<UniqueId> create_unique_id(const std::string& reachable_at = "");
   // Starts a bootstrap root on host:port for from_env's rank 0; kept alive with the context.
   Status start_root(const std::string& host, uint16_t port, const Secret& secret);
 

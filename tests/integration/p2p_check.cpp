@@ -1,7 +1,9 @@
 // hmc-p2p-check: one rank of a point-to-point check, initialised from the environment
 // (HMC_RANK/HMC_WORLD_SIZE/HMC_ROOT/HMC_SECRET, torchrun or mpirun variables). Every rank
-// exchanges random data of several sizes with every other rank and checks it. Used by the
-// network-namespace test; exits 0 when all data arrived intact.
+// exchanges random data of several sizes with every other rank and checks it, then splits
+// the communicator (ranks in reverse order) and sums the ranks over it: the split's own
+// bootstrap must be reachable from every host. Used by the network-namespace and launcher
+// tests; exits 0 when all data arrived intact.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -49,6 +51,16 @@ int main() {
       }
     }
   }
+  auto sub = hmc::split(ctx.value(), comm.value(), 0, -rank);
+  if (!sub) return fail("split", sub.status());
+  int64_t mine = rank, sum = -1;
+  if (auto st = hmc::all_reduce(sub.value(), &mine, &sum, 1, hmc::DataType::kInt64, hmc::ReduceOp::kSum).wait(); !st.ok())
+    return fail("all_reduce over the split", st);
+  if (sub->rank() != size - 1 - rank || sum != int64_t{size} * (size - 1) / 2) {
+    std::fprintf(stderr, "hmc-p2p-check: split: rank %d of %d, sum %lld\n", sub->rank(), sub->size(), static_cast<long long>(sum));
+    return 1;
+  }
+  if (auto st = sub->finalize(); !st.ok()) return fail("finalize the split", st);
   if (auto st = comm->finalize(); !st.ok()) return fail("finalize", st);
   std::printf("rank %d: all data checked\n", rank);
   return 0;
