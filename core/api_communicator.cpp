@@ -67,7 +67,8 @@ Result<Communicator> Communicator::from_env(Context& ctx) {
   std::string size_s = first({"HMC_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"});
   if (rank_s.empty() || size_s.empty())
     return Status(ErrorCode::kInvalidArgument, "from_env needs a rank and a size: set HMC_RANK/HMC_WORLD_SIZE "
-                                               "(or run under torchrun or mpirun)");
+                                               "(or run under torchrun, or Open MPI's mpirun: RANK/WORLD_SIZE, "
+                                               "OMPI_COMM_WORLD_RANK/SIZE; other launchers' variables are not read)");
   constexpr long kMost = std::numeric_limits<int>::max();
   auto size = core::parse_number(size_s, 1, kMost, "world size");
   if (!size) return size.status();

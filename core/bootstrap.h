@@ -92,8 +92,8 @@ class Bootstrap {
   // Called on the bootstrap's io thread whenever the lost set changes. Set once, before use.
   void set_on_change(std::function<void()> fn);
 
-  // Orderly leave: says bye and waits (until deadline, or 2 s where that is sooner) for the
-  // root's acknowledgement; after it, closing is not a loss. Later calls fail with kFinalized.
+  // Orderly leave: says bye and waits (until deadline, or for 2 s where the deadline is
+  // sooner) for the root's acknowledgement; after it, closing is not a loss. Later calls fail with kFinalized.
   Status finalize(Clock::time_point deadline);
   // Closes at once without bye (peers will see this rank lost). Safe from any thread, any time.
   void abort();
