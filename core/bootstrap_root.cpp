@@ -313,10 +313,15 @@ void BootstrapRoot::Impl::on_hello(Link& link, Type type, const std::vector<uint
     case RankState::kJoined:
       return refuse(link, ErrorCode::kRefused,
                     fmt::format("rank {} already joined the job from {}", rank, links_[rank]->remote()));
+    // A rank of this job that left may be the same rank of the next job on this port
+    // (from_env again in one process, before this root made room: ContextImpl::start_root).
+    // No refusal, which is final: a closed connection, which it retries until the next root
+    // is up here or its deadline passes.
     case RankState::kFinalized:
-      return refuse(link, ErrorCode::kRefused, fmt::format("rank {} already left the job", rank));
+      return turn_away(link, fmt::format("rank {} already left the job (of a next job on this port? it retries)", rank));
     case RankState::kLost:
-      return refuse(link, ErrorCode::kRefused, fmt::format("rank {} was already lost from the job", rank));
+      return turn_away(link, fmt::format("rank {} was already lost from the job (of a next job on this port? it "
+                                         "retries)", rank));
   }
   link.rank = rank;
   link.set_max_payload(wire::kMaxPayload);

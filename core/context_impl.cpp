@@ -356,6 +356,26 @@ Status ContextImpl::divide(void* buf, std::size_t count, DataType dtype, uint64_
 }
 
 Status ContextImpl::start_root(const std::string& host, uint16_t port, const Secret& secret) {
+  // from_env again on the same port: this context's root of the job before holds it. Once
+  // that job is over (its ranks finalizing or gone) it makes room; until then its ranks
+  // that dial in for the next job are turned away and retry.
+  std::vector<std::unique_ptr<BootstrapRoot>> same;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& r : roots_)
+      if (r && port != 0 && r->port() == port) same.push_back(std::move(r));
+    std::erase(roots_, nullptr);
+  }
+  const auto until = deadline();
+  for (auto& r : same)
+    if (r->wait_finished(until).ok()) r.reset();  // joins its thread, closes its port
+  std::erase(same, nullptr);
+  if (!same.empty()) {
+    std::lock_guard lock(mu_);
+    for (auto& r : same) roots_.push_back(std::move(r));
+    return {ErrorCode::kUnavailable, "port " + std::to_string(port) + " is held by this process's bootstrap root of an "
+                                     "earlier job that has not ended (finalize or abort it on every rank first)"};
+  }
   auto root = BootstrapRoot::start(host, port, secret);
   if (!root) return root.status();
   keep_root(std::move(root.value()));

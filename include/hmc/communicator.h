@@ -94,7 +94,9 @@ class Communicator {
   // Rank, size and root from the environment: HMC_RANK/HMC_WORLD_SIZE/HMC_ROOT
   // (+HMC_SECRET), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (the bootstrap
   // root listens on MASTER_PORT + 1: torchrun's own store holds MASTER_PORT), or Open
-  // MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE with HMC_ROOT.
+  // MPI's OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE with HMC_ROOT. Called again with the
+  // same variables (a new communicator after one ended), rank 0's root takes the port once
+  // the earlier job is over on every rank, waiting up to HMC_TIMEOUT for that.
   static Result<Communicator> from_env(Context& ctx);
 
   Communicator();

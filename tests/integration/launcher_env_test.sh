@@ -27,6 +27,10 @@ port=$(( 10000 + $$ % (low - 10010) ))
 run_job torchrun 3 RANK=@RANK@ WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=job-$$
 run_job mpirun 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 HMC_ROOT=127.0.0.1:$((port + 7)) \
   HMC_SECRET=00112233445566778899aabbccddeeff
+# Two communicators one after the other from the same variables in each process: the second
+# root takes the port once the first job is over.
+run_job again 3 P2P_CHECK_ROUNDS=2 HMC_RANK=@RANK@ HMC_WORLD_SIZE=3 HMC_ROOT=127.0.0.1:$((port + 5)) \
+  HMC_SECRET=00112233445566778899aabbccddeeff
 # An IPv6 root, bracketed as HMC_ROOT takes it, ranks on two "hosts" (tcp between them).
 if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; then
   run_job ipv6 2 OMPI_COMM_WORLD_RANK=@RANK@ OMPI_COMM_WORLD_SIZE=2 "HMC_ROOT=[::1]:$((port + 9))" \
@@ -34,5 +38,5 @@ if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; 
 else
   echo "no IPv6 loopback here: the IPv6 root is not checked"
 fi
-[ $fail = 0 ] && echo "ok: torchrun and Open MPI variables, an IPv6 root"
+[ $fail = 0 ] && echo "ok: torchrun and Open MPI variables, two communicators in a row, an IPv6 root"
 exit $fail

@@ -2,9 +2,11 @@
 // (HMC_RANK/HMC_WORLD_SIZE/HMC_ROOT/HMC_SECRET, torchrun or mpirun variables). Every rank
 // exchanges random data of several sizes with every other rank and checks it, then splits
 // the communicator (ranks in reverse order) and sums the ranks over it: the split's own
-// bootstrap must be reachable from every host. Used by the network-namespace and launcher
-// tests; exits 0 when all data arrived intact.
+// bootstrap must be reachable from every host. P2P_CHECK_ROUNDS=N does it all N times in
+// one process and context, each with a new from_env communicator on the same root address.
+// Used by the network-namespace and launcher tests; exits 0 when all data arrived intact.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -25,12 +27,8 @@ int fail(const char* what, const hmc::Status& s) {
   return 1;
 }
 
-}  // namespace
-
-int main() {
-  auto ctx = hmc::Context::create();
-  if (!ctx) return fail("context", ctx.status());
-  auto comm = hmc::Communicator::from_env(ctx.value());
+int check(hmc::Context& ctx) {
+  auto comm = hmc::Communicator::from_env(ctx);
   if (!comm) return fail("communicator", comm.status());
   int rank = comm->rank(), size = comm->size();
   for (int peer = 0; peer < size; ++peer) {
@@ -51,7 +49,7 @@ int main() {
       }
     }
   }
-  auto sub = hmc::split(ctx.value(), comm.value(), 0, -rank);
+  auto sub = hmc::split(ctx, comm.value(), 0, -rank);
   if (!sub) return fail("split", sub.status());
   int64_t mine = rank, sum = -1;
   if (auto st = hmc::all_reduce(sub.value(), &mine, &sum, 1, hmc::DataType::kInt64, hmc::ReduceOp::kSum).wait(); !st.ok())
@@ -63,5 +61,16 @@ int main() {
   if (auto st = sub->finalize(); !st.ok()) return fail("finalize the split", st);
   if (auto st = comm->finalize(); !st.ok()) return fail("finalize", st);
   std::printf("rank %d: all data checked\n", rank);
+  return 0;
+}
+
+}  // namespace
+
+int main() {
+  auto ctx = hmc::Context::create();
+  if (!ctx) return fail("context", ctx.status());
+  const char* rounds = std::getenv("P2P_CHECK_ROUNDS");
+  for (int n = rounds ? std::atoi(rounds) : 1, i = 0; i < n; ++i)
+    if (int rc = check(ctx.value())) return rc;
   return 0;
 }
