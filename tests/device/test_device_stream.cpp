@@ -393,12 +393,12 @@ TEST_CASE("a sweep of growing stream-ordered calls keeps its staging within HMC_
   CHECK(peak <= 2 * (std::size_t{1} << 20));
 }
 
-TEST_CASE("IPC imports are not closed while a stream waits on a flag", "[device][ipc]") {
-  // 70 imports: past the cache's 64, so six would be closed while rank 0's stream waits.
-  // The emulator's frees and closes wait for every stream as CUDA's do, and note it when
-  // one would have waited forever. Emulator only, each stream in a queue of its own: the
-  // IPC copies are device work queued after the flag wait, which a shared hardware queue
-  // (CUDA's included) would hold behind it for good.
+// Runs imports_while_stream_waits(messages, bytes, grow) on two ranks, with `env`, where the
+// emulator's frees and closes wait for every stream as CUDA's do and note it when one would
+// have waited forever: none may. Emulator only, each stream in a queue of its own: the
+// copies are device work queued after the flag wait, which a shared hardware queue
+// (CUDA's included) would hold behind it for good.
+void check_no_device_wide_wait(std::map<std::string, std::string> env, int messages, std::size_t bytes, bool grow) {
   const char* queues = std::getenv("HMC_EMU_QUEUES");
   if (device_under_test() != "emu" || (queues && std::string(queues) != "0")) {
     WARN("needs the emulated provider with a queue per stream: skipped");
@@ -406,33 +406,26 @@ TEST_CASE("IPC imports are not closed while a stream waits on a flag", "[device]
   }
   const std::string log = "/tmp/hmc-wide-waits-" + std::to_string(getpid()) + ".log";
   std::remove(log.c_str());
-  auto exits = run_ranks(2, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log}},
-                         [](RankEnv& e) { return imports_while_stream_waits(e, 70, 256 * 1024); }, kWait);
+  env["HMC_EMU_DEVICE_WIDE_FREES"] = "1";
+  env["HMC_EMU_REGISTER_LOG"] = log;
+  auto exits = run_ranks(2, env, [&](RankEnv& e) { return imports_while_stream_waits(e, messages, bytes, grow); }, kWait);
   INFO(describe(exits));
   const std::string stuck = take_lines(log, "device-wide-wait-stuck");
   REQUIRE(all_ok(exits));
   CHECK(stuck.empty());
 }
 
+TEST_CASE("IPC imports are not closed while a stream waits on a flag", "[device][ipc]") {
+  // 70 imports: past the cache's 64, so six would be closed while rank 0's stream waits.
+  check_no_device_wide_wait({}, 70, 256 * 1024, false);
+}
+
 TEST_CASE("staging buffers are not freed while a stream waits on a flag", "[device][stream]") {
   // Ranks on two "hosts": device messages go through pinned staging buffers, of which a
   // communicator keeps 8. Ten messages, each twice the last, would free idle ones while
   // rank 0's stream waits; freeing pinned memory waits for the whole device (as
-  // cudaFreeHost does), which the emulator notes when it would have waited forever.
-  const char* queues = std::getenv("HMC_EMU_QUEUES");
-  if (device_under_test() != "emu" || (queues && std::string(queues) != "0")) {
-    WARN("needs the emulated provider with a queue per stream: skipped");
-    return;
-  }
-  const std::string log = "/tmp/hmc-wide-staging-" + std::to_string(getpid()) + ".log";
-  std::remove(log.c_str());
-  auto exits = run_ranks(2, {{"HMC_EMU_DEVICE_WIDE_FREES", "1"}, {"HMC_EMU_REGISTER_LOG", log},
-                             {"HMC_HOST_ID", "host{rank}"}},
-                         [](RankEnv& e) { return imports_while_stream_waits(e, 10, 64 * 1024, true); }, kWait);
-  INFO(describe(exits));
-  const std::string stuck = take_lines(log, "device-wide-wait-stuck");
-  REQUIRE(all_ok(exits));
-  CHECK(stuck.empty());
+  // cudaFreeHost does).
+  check_no_device_wide_wait({{"HMC_HOST_ID", "host{rank}"}}, 10, 64 * 1024, true);
 }
 
 TEST_CASE("a stream-ordered call that cannot get staging within HMC_TIMEOUT fails clearly", "[device][stream]") {
