@@ -13,6 +13,7 @@
 
 #include "collectives/call.h"
 #include "collectives/comm_state.h"
+#include "collectives/driver.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
@@ -636,8 +637,9 @@ std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind 
     std::lock_guard lock(st.mu);
     if (!st.ccl) {
       st.ccl = std::make_shared<CclLink>(ci);
-      ci.on_abort([weak = std::weak_ptr<CclLink>(st.ccl)] {
+      ci.on_abort([weak = std::weak_ptr<CclLink>(st.ccl), engine = ci.context().engine(), c = &ci] {
         if (auto l = weak.lock()) l->abort();
+        Driver::drop_aborted(engine, c);  // what its calls launched after comm_state()'s hook dropped
       });
       st.ccl_link.store(st.ccl.get(), std::memory_order_release);
     }

@@ -32,11 +32,16 @@ class Driver final : public core::Progressable {
   // runs when op ends.
   void launch(std::unique_ptr<DriverOp> op, std::shared_ptr<core::StreamOrder> order = nullptr);
   bool progress() override;
-  // Communicator `comm` is being destroyed: every collective that still uses it fails
-  // with `why` and leaves the driver, so that no later pass reaches the freed communicator
-  // (after abort(), a collective whose stream has not reached it, or whose next step no
-  // pass has run yet, is still here). Waits for a pass in flight.
+  // Communicator `comm` is aborted or destroyed: every collective that still uses it fails
+  // with `why` and leaves the driver, so that no later pass touches its buffers or reaches
+  // the freed communicator. Waits for a pass in flight.
   static void drop(const std::shared_ptr<core::ProgressEngine>& engine, const void* comm, const Status& why);
+  // drop() for abort(): kAborted. The abort hooks call it (collectives/sequence.cpp, and
+  // after the vendor library's link ended: ccl.cpp, whose deferred calls may still have
+  // been launched here between the two).
+  static void drop_aborted(const std::shared_ptr<core::ProgressEngine>& engine, const void* comm) {
+    drop(engine, comm, {ErrorCode::kAborted, "the communicator was aborted while the collective was pending"});
+  }
 
  private:
   explicit Driver(core::ProgressEngine* engine) : engine_(engine) {}

@@ -21,9 +21,7 @@ CommState& comm_state(core::CommImpl& comm) {
   // driver fail there, under its lock, so a pass copying for them has ended. (Not from
   // upper_state's `make`: on_abort takes the lock that upper_state holds.)
   std::call_once(st.abort_hook, [&comm] {
-    comm.on_abort([engine = comm.context().engine(), c = &comm] {
-      Driver::drop(engine, c, {ErrorCode::kAborted, "the communicator was aborted while the collective was pending"});
-    });
+    comm.on_abort([engine = comm.context().engine(), c = &comm] { Driver::drop_aborted(engine, c); });
   });
   return st;
 }

@@ -11,6 +11,8 @@
 // Init, the one call that waits for the other ranks, runs on a thread of its own, so that
 // a rank that never joins fails the caller at the deadline; the late communicator, if it
 // ever comes, is aborted by that thread.
+#include <cuda.h>  // driver-API types only: reached through the runtime's entry points
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -96,21 +98,34 @@ bool map_op(int op, ncclRedOp_t* out) {
   }
 }
 
-// Makes `device` current for the scope and restores the caller's.
+// The calling thread's context, for DeviceScope; found at init (missing: it restores the
+// device number instead).
+PFN_cuCtxGetCurrent_v4000 g_ctx_get_current = nullptr;
+PFN_cuCtxSetCurrent_v4000 g_ctx_set_current = nullptr;
+
+// Makes `device` current for the scope and restores the caller's context, none included:
+// cudaSetDevice of the device a thread without a context reports (0) would make a context
+// on GPU 0 (as the cuda provider's DeviceGuard says).
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device && g_ctx_get_current != nullptr)
+      have_ctx_ = g_ctx_get_current(&previous_ctx_) == CUDA_SUCCESS;
     ok_ = previous_ == device || cudaSetDevice(device) == cudaSuccess;
-    changed_ = ok_ && previous_ != device && previous_ >= 0;
+    changed_ = ok_ && previous_ != device && (previous_ >= 0 || have_ctx_);
   }
   ~DeviceScope() {
-    if (changed_) cudaSetDevice(previous_);
+    if (!changed_) return;
+    if (have_ctx_) g_ctx_set_current(previous_ctx_);
+    else cudaSetDevice(previous_);
   }
   bool ok() const { return ok_; }
 
  private:
   int previous_ = -1;
+  CUcontext previous_ctx_ = nullptr;
+  bool have_ctx_ = false;
   bool ok_ = false;
   bool changed_ = false;
 };
@@ -179,6 +194,17 @@ int init(const hmc_host_services_t* host, void** state, char* reason, size_t rea
     const char* why = dlerror();
     return refuse(std::string("no NCCL: ") + (why != nullptr ? why : lib));
   }
+  void* get = nullptr;
+  void* set = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess &&
+      cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess && get != nullptr && set != nullptr) {
+    g_ctx_get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get);
+    g_ctx_set_current = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(set);
+  }
+  cudaGetLastError();
   std::string missing;
   Nccl& f = s->f;
   resolve(s->lib, "ncclGetVersion", &f.get_version, &missing);

@@ -13,7 +13,10 @@
 // Collectives on one communicator may be in flight together. abort(), and destroying the
 // communicator (which aborts it), fails every one still pending, those waiting for their
 // stream or handed to a vendor library included: HMC's own at once with kAborted, and
-// abort() returns once none of them touches its buffers.
+// abort() returns once HMC's progress touches none of their buffers. A stream-ordered
+// call's work already queued on its stream still runs there once its wait is released
+// (with HMC_STREAM_STAGE, the copy of its staging back into the buffers): synchronize
+// the stream before reusing them.
 #pragma once
 
 #include <chrono>
