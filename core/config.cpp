@@ -142,7 +142,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_EAGER_LIMIT", ParamType::kSize, "64K", "messages up to this size are sent eagerly; larger ones by rendezvous put. Unset, a pair's limit may be lower where its net provider advises it (shm: 16K; ucx over shared memory: 32K); set, it holds for every pair (set alike on every rank)"},
       {"HMC_EAGER_WINDOW", ParamType::kSize, "256K", "eager flow control: bytes of eager messages (each with its 40-byte header) a rank may have sent to one peer that the peer's application has not received yet; past it, small messages wait for credit (HMC_CREDIT_WAIT), then go by rendezvous until the peer catches up, so a receiver that falls behind buffers at most this much per sender. Unset, pairs on different hosts get 1M (their credit comes back later), and every pair at least 16 times its eager limit (tcp on one host: 1M); set, at least four messages of the pair's eager limit; 0: no bound (set alike on every rank)"},
       {"HMC_CREDIT_WAIT", ParamType::kDuration, "200us", "eager flow control: how long a small send that finds its peer's eager window full waits for the peer's credit before it goes by rendezvous (later sends to that peer wait behind it); unset, pairs on one host get 0: at once (a rendezvous there costs little and moves the copy to the sender)"},
-      {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address)"},
+      {"HMC_BOOTSTRAP_ADDR", ParamType::kString, "", "address put into unique ids for peers to reach the bootstrap root (default: this host name's IPv4 address; for split, the address of the parent communicator's control connection)"},
       {"HMC_ALGO", ParamType::kString, "", "force collective algorithms: 'ring', 'rd', 'rhd', 'tree', 'pairwise', 'linear', 'dissemination' or 'auto', or per collective 'all_reduce=ring,all_gather=rd' (docs/collectives.md says which fits which)"},
       {"HMC_MEM_QUERY", ParamType::kBool, "1", "ask the device providers that can (cuda) whether memory HMC did not allocate is theirs, so that an application's own device buffers (cudaMalloc, a framework's pool) move with the device's copies; costs a driver query on every send and receive of such memory, host memory included (0: memory HMC did not allocate is host memory)"},
       {"HMC_HOST_REGISTER", ParamType::kSize, "1M", "host memory a device copies this much or more of at once (an HMC allocation, a peer's buffer imported for IPC) is registered (page-locked) with that device's provider for pinned copy speed; 0: never"},
@@ -203,7 +203,9 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
 std::string Config::bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const {
   if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";
   std::string prefix = "HMC_" + owner + "_";
-  std::transform(prefix.begin(), prefix.end(), prefix.begin(), [](unsigned char c) { return std::toupper(c); });
+  // Upper case, '-' as '_': a shell exports no name with a '-'.
+  std::transform(prefix.begin(), prefix.end(), prefix.begin(),
+                 [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
   for (std::size_t i = 0; i < n; ++i) {
     const hmc_param_t& p = params[i];
     if (!p.name || !p.type) return "parameter " + std::to_string(i) + " without name or type";

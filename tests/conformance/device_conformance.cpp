@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -611,7 +612,8 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
         // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
         CHECK((p->num_params == 0 || p->params != nullptr));
         std::string prefix = std::string("HMC_") + p->name + "_";
-        std::transform(prefix.begin(), prefix.end(), prefix.begin(), ::toupper);
+        std::transform(prefix.begin(), prefix.end(), prefix.begin(),  // as libhmc: '-' as '_'
+                       [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
         std::vector<std::string> seen;
         for (size_t i = 0; p->params != nullptr && i < p->num_params; ++i) {
           const hmc_param_t& q = p->params[i];

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <cstring>
@@ -93,7 +94,8 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
         INFO("parameter " << q.name);
         // HMC_<NAME>_*, as the device kit wants too: names of two providers cannot clash.
         std::string prefix = std::string("HMC_") + p->name + "_";
-        std::transform(prefix.begin(), prefix.end(), prefix.begin(), ::toupper);
+        std::transform(prefix.begin(), prefix.end(), prefix.begin(),  // as libhmc: '-' as '_'
+                       [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
         CHECK(std::string(q.name).rfind(prefix, 0) == 0);
         CHECK(names.insert(q.name).second);
         REQUIRE(q.type != nullptr);

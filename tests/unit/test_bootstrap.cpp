@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -558,6 +559,12 @@ TEST_CASE("bootstrap roots for loopback addresses listen on loopback alone", "[b
 TEST_CASE("bootstrap over IPv6: bracketed roots, and a dual-stack root", "[bootstrap]") {
   using hmc::core::parse_root;
   using hmc::core::root_bind_host;
+  std::ifstream inet6("/proc/net/if_inet6");  // lo's ::1 is 000...01
+  std::string all((std::istreambuf_iterator<char>(inet6)), std::istreambuf_iterator<char>());
+  if (all.find("00000000000000000000000000000001 ") == std::string::npos) {
+    WARN("no IPv6 loopback here: skipped");
+    return;
+  }
   auto bracketed = parse_root("[fd00::1]:29500");
   REQUIRE(bracketed.ok());
   CHECK(bracketed->host == "fd00::1");

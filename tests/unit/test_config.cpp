@@ -126,6 +126,8 @@ TEST_CASE("a provider's parameters keep to its own names", "[config]") {
   // Another provider whose prefix holds it ("a" against "a_b") cannot take it over.
   REQUIRE(c->add_params("a_b", own + 1, 1).ok());
   CHECK(c->bad_params("a", own + 1, 1) == "parameter HMC_A_B_X is a_b's already");
+  hmc_param_t dashed[] = {{"HMC_MY_NET_X", "int", "1", "my-net's: a shell exports no '-'"}};
+  CHECK(c->bad_params("my-net", dashed, 1).empty());
 }
 
 // HMC_TCP_PORT and HMC_UCX_PORT: 0, a port, or a range of ports (net-providers/common/port_range.h).

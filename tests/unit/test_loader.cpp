@@ -40,8 +40,9 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  // the loader, the other failed the whole context).
                  Want{"fakenoparams", "refused: 2 parameters listed but no table of them"},
                  Want{"fakeunnamed", "refused: parameter 0 without name or type"},
-                 // One of core's settings, retyped: it would have changed core's default and
-                 // failed every context whose user set HMC_TIMEOUT=30s.
+                 // A name outside its own HMC_FAKECORES_* (here core's HMC_TIMEOUT, retyped: it
+                 // would have changed core's default and failed every context whose user set
+                 // HMC_TIMEOUT=30s). A name of core's inside the prefix: test_config.cpp.
                  Want{"fakecores", "refused: parameter HMC_TIMEOUT is not named HMC_FAKECORES_*"},
                  // A reason without a NUL is cut at its buffer's end, not read past it.
                  Want{"fakelongwhy", "unavailable: xxxxxxxx"}}) {
