@@ -103,7 +103,8 @@ void log(const State* s, int level, const char* fmt, ...) __attribute__((format(
 // current context is what is put back, none included: cudaSetDevice of the device the
 // runtime reports for a thread without one (0) would make a context on GPU 0 for a
 // process that uses another, and would put the primary context in place of one of the
-// application's own.
+// application's own. (A thread left without a context has the runtime's device HMC set,
+// which its own later runtime calls then use: docs/cuda.md.)
 class DeviceGuard {
  public:
   DeviceGuard() = default;
