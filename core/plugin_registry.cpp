@@ -61,12 +61,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// Whether HMC_PROVIDERS's list keeps `name` by name (not "^name").
-bool named_in(const std::string& selection, const std::string& name) {
-  const auto items = split(selection, ',');
-  return std::find(items.begin(), items.end(), name) != items.end();
-}
-
 // Capability bits that promise function pointers: a set bit with a NULL pointer is a broken plugin.
 std::string check_device_table(const hmc_device_provider_t* t) {
   if (!t->init || !t->fini || !t->last_error || !t->device_count || !t->device_info || !t->mem_alloc ||
@@ -245,13 +239,13 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
                               "not selected (HMC_PROVIDERS=" + selection + ")"});
       continue;
     }
-    HMC_RETURN_IF_ERROR(reg->load_one(c, config, engine));
+    HMC_RETURN_IF_ERROR(reg->load_one(c, wanted.count(c.name) > 0, config, engine));
     // Host memory needs a cpu provider: one of another build that would not load (its ABI,
     // a missing library) leaves the one inside libhmc, as the built-in of a name comes last.
     if (c.kind == "device" && c.name == "cpu" && !c.path.empty() && !reg->device("cpu")) {
       HMC_LOG("core", warn, "cpu device provider {} not used ({}); using the one built into libhmc", c.path,
               reg->report_.back().reason);
-      HMC_RETURN_IF_ERROR(reg->load_one({"device", "cpu", ""}, config, engine));
+      HMC_RETURN_IF_ERROR(reg->load_one({"device", "cpu", ""}, false, config, engine));
     }
   }
   for (const auto& [name, source] : config.unclaimed())
@@ -260,10 +254,8 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
   return reg;
 }
 
-Status PluginRegistry::load_one(const Candidate& c, Config& config, ProgressEngine& engine) {
+Status PluginRegistry::load_one(const Candidate& c, bool named, Config& config, ProgressEngine& engine) {
   ProviderInfo info{c.name, c.kind, c.path.empty() ? "built-in" : c.path, 0, 0, {}, false, ""};
-  // One the user named in HMC_PROVIDERS that cannot be used: above info, it was asked for.
-  const bool named = config.is_set("HMC_PROVIDERS") && named_in(config.str("HMC_PROVIDERS"), c.name);
   auto refuse = [&](std::string why) {
     info.reason = std::move(why);
     if (named) HMC_LOG("core", warn, "provider {} ({}), named in HMC_PROVIDERS, not used: {}", c.name, info.origin, info.reason);

@@ -68,7 +68,8 @@ class PluginRegistry {
 
  private:
   struct Candidate;
-  Status load_one(const Candidate& c, Config& config, ProgressEngine& engine);
+  // `named`: HMC_PROVIDERS names it, so a refusal is a warning (it was asked for), not info.
+  Status load_one(const Candidate& c, bool named, Config& config, ProgressEngine& engine);
 
   std::vector<std::unique_ptr<LoadedProvider>> devices_;
   std::vector<std::unique_ptr<LoadedProvider>> nets_;
