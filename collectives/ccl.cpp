@@ -13,7 +13,6 @@
 
 #include "collectives/call.h"
 #include "collectives/comm_state.h"
-#include "collectives/driver.h"
 #include "collectives/tags.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
@@ -637,10 +636,6 @@ std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind 
     std::lock_guard lock(st.mu);
     if (!st.ccl) {
       st.ccl = std::make_shared<CclLink>(ci);
-      ci.on_abort([weak = std::weak_ptr<CclLink>(st.ccl), engine = ci.context().engine(), c = &ci] {
-        if (auto l = weak.lock()) l->abort();
-        Driver::drop_aborted(engine, c);  // what its calls launched after comm_state()'s hook dropped
-      });
       st.ccl_link.store(st.ccl.get(), std::memory_order_release);
     }
     link = st.ccl.get();
@@ -668,6 +663,15 @@ std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind 
   }
   if (w->op && !link->supports(w->dtype, *w->op)) return std::nullopt;
   return link->run(*w, opt.stream);
+}
+
+void abort_delegation(CommState& st) {
+  std::shared_ptr<CclLink> link;
+  {
+    std::lock_guard lock(st.mu);
+    link = st.ccl;
+  }
+  if (link) link->abort();
 }
 
 }  // namespace hmc::coll

@@ -68,4 +68,8 @@ using OwnCall = std::function<Request()>;
 std::optional<Request> try_delegate(core::CommImpl& ci, CommState& st, CollKind kind, const CclWork* w,
                                     const CollOptions& opt, const std::function<OwnCall()>& later);
 
+// The communicator is aborted: its vendor link, if made, fails what waits in it and ends
+// what runs on it (calls it would still hand to HMC's schedule fail instead).
+void abort_delegation(CommState& st);
+
 }  // namespace hmc::coll

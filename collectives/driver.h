@@ -36,12 +36,6 @@ class Driver final : public core::Progressable {
   // with `why` and leaves the driver, so that no later pass touches its buffers or reaches
   // the freed communicator. Waits for a pass in flight.
   static void drop(const std::shared_ptr<core::ProgressEngine>& engine, const void* comm, const Status& why);
-  // drop() for abort(): kAborted. The abort hooks call it (collectives/sequence.cpp, and
-  // after the vendor library's link ended: ccl.cpp, whose deferred calls may still have
-  // been launched here between the two).
-  static void drop_aborted(const std::shared_ptr<core::ProgressEngine>& engine, const void* comm) {
-    drop(engine, comm, {ErrorCode::kAborted, "the communicator was aborted while the collective was pending"});
-  }
 
  private:
   explicit Driver(core::ProgressEngine* engine) : engine_(engine) {}

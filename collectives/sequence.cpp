@@ -1,4 +1,5 @@
 // The per-communicator state of collectives, and its sequence counter.
+#include "collectives/ccl.h"
 #include "collectives/comm_state.h"
 #include "collectives/driver.h"
 #include "collectives/tags.h"
@@ -17,11 +18,16 @@ CommState& comm_state(core::CommImpl& comm) {
     return st;
   });
   auto& st = *static_cast<CommState*>(state.get());  // the communicator keeps it alive
-  // Once abort() returns nothing touches the collectives' buffers: the ones still in the
-  // driver fail there, under its lock, so a pass copying for them has ended. (Not from
-  // upper_state's `make`: on_abort takes the lock that upper_state holds.)
-  std::call_once(st.abort_hook, [&comm] {
-    comm.on_abort([engine = comm.context().engine(), c = &comm] { Driver::drop_aborted(engine, c); });
+  // Once abort() returns nothing touches the collectives' buffers. The vendor link ends
+  // first, so that none of its waiting calls is launched into the driver after the drop;
+  // then the ones in the driver fail there, under its lock, so a pass copying for them has
+  // ended. The state outlives the hook: abort() runs before the communicator's members go.
+  // (Not from upper_state's `make`: on_abort takes the lock that upper_state holds.)
+  std::call_once(st.abort_hook, [&comm, &st] {
+    comm.on_abort([engine = comm.context().engine(), c = &comm, state = &st] {
+      abort_delegation(*state);
+      Driver::drop(engine, c, {ErrorCode::kAborted, "the communicator was aborted while the collective was pending"});
+    });
   });
   return st;
 }
