@@ -186,7 +186,10 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
     if (eq == std::string::npos) continue;
     std::string name = kv.substr(0, eq);
     bool ours = name.rfind("HMC_", 0) == 0 || c.defs_.count(name);
-    if (ours) c.values_[name] = {kv.substr(eq + 1), "env"};
+    // An empty variable counts as unset: launchers and scripts export `HMC_RANK=` (or
+    // `RANK=`) for "none", and that must neither fail as a malformed int nor hide the
+    // launcher's variable that from_env reads next.
+    if (ours && eq + 1 < kv.size()) c.values_[name] = {kv.substr(eq + 1), "env"};
   }
   for (const auto& [name, value] : overrides) {
     if (!c.defs_.count(name) && name.rfind("HMC_", 0) != 0)

@@ -7,7 +7,8 @@ print("""# Configuration
 
 Every setting HMC reads, from one table (`core/config.cpp`, plus each provider's `params`).
 Values come from the environment or `ContextOptions::settings` (which wins); they are parsed
-once per `Context`. A malformed value makes `Context::create` fail with the name and what was
+once per `Context`. An empty environment variable counts as unset (`HMC_TIMEOUT=`
+takes the default); an empty option does not. A malformed value makes `Context::create` fail with the name and what was
 expected: any int, size, bool or duration, `HMC_RNDV`, `HMC_CCL`, `HMC_PATH`,
 `HMC_LOG_LEVEL`, `HMC_TIMEOUT`, `HMC_YIELD_EVERY`. Two kinds are checked later: `HMC_ALGO`,
 whose grammar the collectives own, fails every collective with the reason; a provider that

@@ -72,6 +72,25 @@ TEST_CASE("options override the environment and are validated", "[config]") {
   CHECK_FALSE(unknown.ok());
 }
 
+// `HMC_TIMEOUT=` from a launcher's template means "not set": before, every context failed
+// with "malformed HMC_TIMEOUT=''", and an empty HMC_RANK failed Context::create before
+// from_env could fall back to RANK. A setting given as an option stays checked.
+TEST_CASE("an empty environment variable counts as unset", "[config]") {
+  setenv("HMC_TIMEOUT", "", 1);
+  setenv("HMC_RANK", "", 1);
+  setenv("HMC_EAGER_LIMIT", "8K", 1);
+  auto c = Config::load({});
+  unsetenv("HMC_TIMEOUT");
+  unsetenv("HMC_RANK");
+  unsetenv("HMC_EAGER_LIMIT");
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->is_set("HMC_TIMEOUT"));
+  CHECK_FALSE(c->is_set("HMC_RANK"));
+  CHECK(c->duration("HMC_TIMEOUT") == 60s);
+  CHECK(c->size("HMC_EAGER_LIMIT") == 8192u);
+  CHECK_FALSE(Config::load({{"HMC_TIMEOUT", ""}}).ok());
+}
+
 // The table (hmc-probe config, --json) shows that the job secret is set, never the secret:
 // such tables end up in bug reports, and the secret lets anyone join the job.
 TEST_CASE("the configuration table does not show the job secret", "[config]") {
