@@ -24,7 +24,8 @@
 // A direct put (shm single copy) waits at the head of the queue until the
 // frames before it are written, runs on the io thread, and only then lets the
 // frames behind it go: a message sent after a put arrives after the data.
-// Control frames (ack/nak) may overtake queued data; they carry no user data.
+// Control frames (ack/nak) may overtake queued data; they carry no user data. None
+// overtakes the rest of a frame that a caller wrote in part (write_batch).
 //
 // Reads go through a small staging buffer for headers and small payloads;
 // large payloads are received straight into the posted receive buffer or the

@@ -97,12 +97,19 @@ bool Connection::run_direct(size_t& budget) {
 void Connection::write_batch() {
   batch_.clear();
   bufs_.clear();
-  while (!ctrl_q_.empty() && batch_.size() < kMaxBatch) {
-    batch_.push_back(std::move(ctrl_q_.front()));
-    ctrl_q_.pop_front();
-  }
   {
     std::lock_guard lock(mu_);
+    // A frame that a caller's sendmsg wrote in part (caller_write puts it first in the
+    // queue) goes on before anything else: no other frame may come between its bytes.
+    if (!send_q_.empty() && send_q_.front().skip != 0) {
+      batch_.push_back(std::move(send_q_.front()));
+      send_q_.pop_front();
+    }
+    // Control frames (acks, naks) then overtake whatever else is queued.
+    while (!ctrl_q_.empty() && batch_.size() < kMaxBatch) {
+      batch_.push_back(std::move(ctrl_q_.front()));
+      ctrl_q_.pop_front();
+    }
     // Socket frames; messages go only when this side sends them through the socket
     // and no caller runs a put ahead of them. In ring mode the frames here are
     // bells and offers, which need no order against the ring.
