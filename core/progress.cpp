@@ -146,12 +146,9 @@ void ProgressEngine::add_poller(std::function<bool()> poll, std::function<void()
   if (idle) idlers_.push_back(std::move(idle));
 }
 
-bool ProgressEngine::pass_after_idle() {
-  for (auto& idle : idlers_) idle();
-  return pass(true);
-}
+bool ProgressEngine::pass_after_idle() { return pass(true, true); }
 
-bool ProgressEngine::pass(bool all_pollers) {
+bool ProgressEngine::pass(bool all_pollers, bool idle_first) {
   // Copy under the lock, run without it: a communicator's progress may take a while.
   // The copy is this thread's, kept while no engine's list changed (waiters call this in
   // a tight loop, and the list changes only when communicators come and go), unless this
@@ -188,6 +185,9 @@ bool ProgressEngine::pass(bool all_pollers) {
   // Counted, then the flag (both seq_cst): either close() waits for this pass, or this pass
   // sees the engine closed and touches nothing, since the pollers' providers may be gone.
   if (closed_.load()) return false;
+  // The idlers too run inside the counted pass: they reach into the providers' states.
+  if (idle_first)
+    for (auto& idle : idlers_) idle();
   const uint64_t now = list_changes.load();
   if (t.depth > 0 || t.reused_of != this || t.reused_at != now) {
     std::lock_guard lock(mu_);

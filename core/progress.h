@@ -130,8 +130,10 @@ class ProgressEngine {
   std::vector<std::shared_ptr<HostSegments>> bells_;
   int bell_sleepers_ = 0;
   std::shared_ptr<HostSegments> single_bell() const;  // with mu_ held
-  // A pass; with `all_pollers` it runs the pollers even where a light pass would not.
-  bool pass(bool all_pollers);
+  // A pass; with `all_pollers` it runs the pollers even where a light pass would not,
+  // with `idle_first` it tells the idlers first (counted as part of the pass, so that
+  // close() waits for them too).
+  bool pass(bool all_pollers, bool idle_first = false);
   // Tells every poller that the caller stops polling, then makes the one pass after it.
   bool pass_after_idle();
   std::thread background_;

@@ -3,7 +3,9 @@
 // length, since the providers now wake it. Where one poller has no idle, nobody is told.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/progress.h"
@@ -72,4 +74,33 @@ TEST_CASE("where one provider has no idle, none is told and the first sleep is s
   for (const auto& e : told.events) idles += e.what == 'i' ? 1 : 0;
   CHECK(idles == 0);
   CHECK_FALSE(told.events.empty());  // the provider was polled all the same
+}
+
+// An idle call reaches into the provider's state, which the context frees once the engine's
+// close() returned: close() must wait for an idle call under way, as for a pass. It did not
+// (the idlers ran before the counted pass), and a waiter woken by an abort could call into
+// an unloaded provider.
+TEST_CASE("close waits for an idle call under way", "[progress][idle]") {
+  int entered = 0, tries = 0;
+  std::atomic<int> late{0};
+  for (const auto give_up = Clock::now() + 5s; entered == 0 && Clock::now() < give_up; ++tries) {
+    hmc::core::ProgressEngine engine;
+    std::atomic<bool> in_idle{false}, closed{false};
+    engine.add_poller([] { return false; }, [&] {
+      in_idle = true;
+      std::this_thread::sleep_for(50ms);  // close() runs meanwhile
+      if (closed.load()) late.fetch_add(1);
+    });
+    std::thread waiter([&] { engine.wait_until([] { return false; }, Clock::now() + 300ms); });
+    while (!in_idle.load() && Clock::now() < give_up) std::this_thread::sleep_for(100us);
+    if (in_idle.load()) {
+      ++entered;
+      engine.close();
+      closed = true;
+    }
+    waiter.join();
+  }
+  INFO("tries: " << tries);
+  REQUIRE(entered >= 1);
+  CHECK(late.load() == 0);
 }
