@@ -149,8 +149,12 @@ Status Communicator::recv(void* buf, std::size_t bytes, int peer, uint64_t tag) 
   if (Status s = check_p2p(impl_.get(), buf, bytes, peer, tag); !s.ok()) return s;
   auto op = impl_->irecv(buf, bytes, peer, tag);
   Status s = Request(op).wait();
-  if (s.code() == ErrorCode::kTimeout && impl_->withdraw_recv(peer, op, s))
+  if (s.code() != ErrorCode::kTimeout) return s;
+  if (impl_->withdraw_recv(peer, op, s))
     return {ErrorCode::kTimeout, s.message() + "; the receive was withdrawn before any message matched it"};
+  // Another thread's progress pass may have matched and ended it since the wait gave up:
+  // its message is in `buf` (or its failure is the answer), and no later receive gets it.
+  if (op->done()) return op->status();
   return s;
 }
 
