@@ -48,6 +48,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
       break;
     case Op::kFlush:
     case Op::kGet:
+      if (op->req == nullptr) break;  // failed with its connection (fail, retire)
       if (c != nullptr) {
         put_finished(*c, op->req, op->bytes, ok ? HMC_PROV_OK : fail_rc, why);
       } else if (op->req != nullptr) {

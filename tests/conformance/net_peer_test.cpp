@@ -30,6 +30,12 @@ TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][pee
     CHECK(first_not(buf.data(), buf.size(), 0) == buf.size());
 
     REQUIRE(s.p->recv_msg(s.state, conn, buf.data(), buf.size(), &req) >= 0);
+    // And a send the child never receives, large enough to go by rendezvous where the
+    // provider has one (ucx): it must end too, not wait for a fetch that cannot come.
+    // UCX without peer failure handling (UCX_TLS=shm) left it pending for good.
+    std::vector<char> big(4 << 20, 'x');
+    void* big_req = nullptr;
+    REQUIRE(s.p->send_msg(s.state, conn, big.data(), big.size(), &big_req) >= 0);
     child.kill();
     const auto killed = Clock::now();
     CHECK(child.wait_exit(timeout()) != -1);
@@ -56,6 +62,10 @@ TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][pee
     CHECK(o.rc == HMC_PROV_ERR_PEER_LOST);
     CHECK_FALSE(o.message.empty());
     CHECK(took < std::chrono::seconds(5));
+    Outcome big_end = s.wait(big_req, std::chrono::seconds(5));
+    INFO("the large send: rc " << big_end.rc << " " << big_end.message);
+    CHECK_FALSE(big_end.timed_out);  // delivered before the kill, or failed
+    CHECK((big_end.rc == HMC_PROV_OK || big_end.rc == HMC_PROV_ERR_PEER_LOST));
 
     void* sreq = nullptr;
     int rc = s.p->send_msg(s.state, conn, buf.data(), 100, &sreq);
