@@ -59,7 +59,7 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
       if (c != nullptr) am_put_step(*c, op->put, true, ok ? HMC_PROV_OK : fail_rc, why);
       break;
     case Op::kPutRecv:
-      if (c != nullptr && c->state == Conn::kOpen)
+      if (c != nullptr && c->carries())
         send_control(*c, Kind::kPutDone, op->put, ok ? kLanded : kLost, 0, ok ? "" : why);
       break;
     case Op::kControl:

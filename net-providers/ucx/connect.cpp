@@ -110,10 +110,9 @@ int Provider::connect(const void* addr, size_t addr_len, const void* hello, size
   std::string why;
   int fd = connect_socket(text, why);
   if (fd < 0) {
-    host_.log(HMC_LOG_WARN, "connect: " + why);
-    return errno == EINVAL || why.find("not a ucx address") != std::string::npos
-               ? HMC_PROV_ERR_INVALID
-               : HMC_PROV_ERR_REFUSED;
+    const bool invalid = errno == EINVAL || why.find("not a ucx address") != std::string::npos;
+    host_.log(HMC_LOG_WARN, "connect: " + why);  // may change errno
+    return invalid ? HMC_PROV_ERR_INVALID : HMC_PROV_ERR_REFUSED;
   }
   auto c = std::make_unique<Conn>();
   c->connector = true;
@@ -144,9 +143,12 @@ void Provider::handle_socket(Conn& c, uint32_t events) {
   bool eof = false;
   int err = 0;
   char buf[4096];
+  // A handshake is at most its head, a hello and a worker address: a stranger that streams
+  // more must not grow c.in without end, nor keep this loop (and mu_) to itself.
+  constexpr size_t kMostHandshake = 32 + HMC_NET_HELLO_MAX + kMaxWorkerAddress;
   for (;;) {
     ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
-    if (n > 0 && c.state == Conn::kHandshake) {
+    if (n > 0 && c.state == Conn::kHandshake && c.in.size() + static_cast<size_t>(n) <= kMostHandshake) {
       c.in.append(buf, static_cast<size_t>(n));
       continue;
     }

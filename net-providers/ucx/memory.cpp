@@ -117,14 +117,14 @@ void Provider::drop_region(uint64_t id) {
   regions_.erase(it);
   for (uint32_t conn : gone->verified) {
     auto c = conns_.find(conn);
-    if (c == conns_.end() || c->second->state != Conn::kOpen) continue;
+    if (c == conns_.end() || !c->second->carries()) continue;
     const bool copies = gone->mapped_by.contains(conn);
     send_control(*c->second, Kind::kRevoke, gone->id, gone->nonce, copies ? 1 : 0, {});
     if (copies) c->second->owe_revoked.insert(gone->id);
   }
   auto owed = [&] {
     for (const auto& [cid, c] : conns_)
-      if (c->state == Conn::kOpen && c->owe_revoked.contains(id)) return true;
+      if (c->carries() && c->owe_revoked.contains(id)) return true;
     return false;
   };
   const auto deadline = Clock::now() + std::chrono::seconds(10);

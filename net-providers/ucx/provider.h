@@ -198,6 +198,11 @@ struct AmPut {
 // kHandshake again, with the endpoint, until the connector's byte says it is open.
 struct Conn {
   enum State { kHandshake, kChecking, kOpen, kFailed } state = kHandshake;
+  // Whether it carries answers to the peer: its endpoint is up and it has not failed. The
+  // acceptor has the endpoint (kHandshake) before the connector's byte says it is open,
+  // and the connector, open already, may put at once: that put is answered, and its
+  // landing counted, like any other.
+  bool carries() const { return ep != nullptr && state != kFailed; }
   uint32_t id = 0;
   uint64_t cookie = 0;
   uint32_t peer_id = 0;

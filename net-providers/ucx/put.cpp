@@ -369,7 +369,7 @@ void Provider::on_put_done(Conn& c, const Wire& w, const std::string& why) {
 // Is a put still landing in `region` from a connection that can still deliver?
 bool Provider::landing(uint64_t region) const {
   for (const auto& [id, c] : conns_) {
-    if (c->state != Conn::kOpen) continue;
+    if (!c->carries()) continue;
     for (const Op* op : c->ops)
       if (op->type == Op::kPutRecv && op->region == region) return true;
   }
