@@ -278,7 +278,29 @@ Status CommImpl::usable() const {
 
 Status CommImpl::barrier() {
   HMC_RETURN_IF_ERROR(usable());
-  return bootstrap_->barrier(ctx_.deadline());
+  return answering_barrier(ctx_.deadline(), "hmc-barrier");
+}
+
+// The control plane's barrier on a thread of its own while this one keeps making progress:
+// a peer may need this rank's answer before it can reach the barrier (the CTS of a
+// rendezvous it sends here, eager credit, a refusal), and would otherwise hold everyone
+// until the deadline.
+Status CommImpl::answering_barrier(Clock::time_point deadline, const char* thread_name) {
+  std::atomic<bool> done{false};
+  Status s;
+  try {
+    std::thread barrier([&] {
+      pthread_setname_np(pthread_self(), thread_name);
+      s = bootstrap_->barrier(deadline);
+      done = true;
+      ctx_.engine()->wake();
+    });
+    ctx_.engine()->wait_until([&] { return done.load(); }, Clock::time_point::max());
+    barrier.join();
+  } catch (const std::system_error&) {  // no thread to be had: the barrier without answering
+    s = bootstrap_->barrier(deadline);
+  }
+  return s;
 }
 
 void CommImpl::fail_all(const Status& why) {
@@ -389,24 +411,11 @@ Status CommImpl::finalize() {
   }
   // This rank keeps answering its peers during the barrier: a peer still draining may be
   // waiting for the refusal of a rendezvous send that only reaches us now (its receive
-  // here failed or never came), and would otherwise hold everyone until the deadline.
-  std::atomic<bool> barrier_done{false};
+  // here failed or never came).
   // A peer released from the barrier first closes its connections, which this rank may see
   // before its own release: no warning for that (a peer that really died fails the barrier).
   finalizing_ = true;
-  Status s;
-  try {
-    std::thread barrier([&] {
-      pthread_setname_np(pthread_self(), "hmc-finalize");
-      s = bootstrap_->barrier(deadline);
-      barrier_done = true;
-      ctx_.engine()->wake();
-    });
-    ctx_.engine()->wait_until([&] { return barrier_done.load(); }, Clock::time_point::max());
-    barrier.join();
-  } catch (const std::system_error&) {  // no thread to be had: the barrier without answering
-    s = bootstrap_->barrier(deadline);
-  }
+  Status s = answering_barrier(deadline, "hmc-finalize");
   Status bye;
   bool unregister = false;
   {

@@ -101,6 +101,8 @@ class CommImpl : public Progressable {
   void on_abort(std::function<void()> fn);
 
  private:
+  // The control plane's barrier, run while this thread keeps making progress.
+  Status answering_barrier(Clock::time_point deadline, const char* thread_name);
   // A buffer's registration with a peer's provider: a cached one, or one of its own.
   struct Reg {
     void* mr = nullptr;      // a registration of this operation alone

@@ -141,7 +141,9 @@ class Communicator {
   Result<uint64_t> wait_notify(int peer, std::chrono::milliseconds timeout);
   Result<uint64_t> wait_notify(int peer);
 
-  // Waits until every rank arrived (control plane; collectives have a faster one).
+  // Waits until every rank arrived (control plane; collectives have a faster one). It
+  // keeps this rank's operations moving meanwhile, so a peer's send that needs this rank's
+  // answer before the peer arrives does not hold everyone.
   Status barrier();
   // Fails every pending and future operation with kAborted; safe at any time.
   void abort();

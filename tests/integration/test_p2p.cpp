@@ -156,6 +156,39 @@ TEST_CASE("finalize refuses a rendezvous send that arrives while it waits for th
   }
 }
 
+// barrier() runs over the control plane, but a peer may need this rank's answer before it
+// reaches the barrier: here rank 1's blocking rendezvous send needs rank 0's CTS, while
+// rank 0 has posted its receive and sits in barrier(). barrier() made no progress, so
+// both waited until HMC_TIMEOUT and failed with kTimeout.
+TEST_CASE("barrier answers peers while it waits", "[p2p][barrier]") {
+  for (const auto& provider : test::available_net_providers()) {
+    DYNAMIC_SECTION(provider) {
+      auto env = over(provider);
+      env["HMC_TIMEOUT"] = "8s";
+      auto exits = test::run_ranks(2, env, [](RankEnv& e) {
+        const auto start = std::chrono::steady_clock::now();
+        const auto sent = test::random_bytes(4 << 20, 77);
+        std::vector<uint8_t> got(sent.size(), 0);
+        if (e.rank == 0) {
+          Request r = e.comm.irecv(got.data(), got.size(), 1, 5);
+          HMC_EXPECT_OK(e.comm.barrier());
+          HMC_EXPECT_OK(r.wait());
+          HMC_EXPECT(got == sent, "rank 0 received wrong data");
+        } else {
+          HMC_EXPECT_OK(e.comm.send(sent.data(), sent.size(), 0, 5));
+          HMC_EXPECT_OK(e.comm.barrier());
+        }
+        const auto took = std::chrono::steady_clock::now() - start;
+        HMC_EXPECT(took < std::chrono::seconds(4), "took " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms");
+        return 0;
+      });
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
 TEST_CASE("many small messages in flight at once each keep their own bytes", "[p2p]") {
   // More eager sends than core keeps wire buffers for (32), all posted before the peer
   // receives any: a buffer taken again while its send is still queued would show here.
