@@ -215,6 +215,8 @@ class CommImpl : public Progressable {
     // The connection failed during a pass of progress_peer: marked lost at the pass's end,
     // once the messages it had delivered into the control slots are taken.
     Status ending;
+    // Inside progress_peer for this peer: a loss seen then waits for the pass's end.
+    bool in_pass = false;
     // The control plane lost the peer: until when its connection may still deliver (p2p.cpp).
     std::optional<Clock::time_point> leaving;
     std::vector<CtrlSlot> ctrl;
@@ -368,6 +370,7 @@ class CommImpl : public Progressable {
   void send_notify(Peer& p, uint64_t value, OnEnd done);
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
+  bool progress_peer_pass(Peer& p);  // progress_peer's work, with Peer::in_pass set
   void fail_all(const Status& why);
   // Fails (and forgets) p's posted receives and rendezvous under way.
   void fail_pending(Peer& p, const Status& why);

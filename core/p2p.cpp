@@ -71,7 +71,10 @@ Status CommImpl::track(Peer& p, int rc, void* req, OnEnd end, const char* what, 
   if (rc != 0 || !req) {
     Status s = from_provider(rc, nullptr, std::string(what) + " to " + describe(p));
     end(s);
-    if (rc == HMC_PROV_ERR_PEER_LOST) mark_lost(p, s);
+    // Refused at once during a pass over this peer (a CTS or credit answering a message
+    // taken from a control slot): the slots after it may hold messages that arrived
+    // before the end, so the loss waits for the pass's end (Peer::ending).
+    if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s, p.in_pass);
     return s;
   }
   p.inflight.push_back({req, std::move(end), std::move(msg)});
@@ -685,6 +688,25 @@ void CommImpl::repost_ctrl(Peer& p) {
 }
 
 bool CommImpl::progress_peer(Peer& p) {
+  bool any;
+  {
+    struct InPass {
+      Peer& p;
+      explicit InPass(Peer& peer) : p(peer) { p.in_pass = true; }
+      ~InPass() { p.in_pass = false; }
+    } in_pass(p);
+    any = progress_peer_pass(p);
+  }
+  // The connection failed in this pass (a send, or a receive it refused to take): the
+  // messages it delivered into the slots before were taken; now the loss.
+  if (!p.ending.ok()) {
+    if (p.lost.ok()) mark_lost(p, p.ending);
+    p.ending = {};
+  }
+  return any;
+}
+
+bool CommImpl::progress_peer_pass(Peer& p) {
   if (p.repost) repost_ctrl(p);
   bool any = release_held(p);  // the sends whose wait for credit ended
   char message[256];
@@ -726,12 +748,6 @@ bool CommImpl::progress_peer(Peer& p) {
     handle_msg(p, slot.buf.data(), bytes);
     p.repost = true;
     p.next_ctrl = (p.next_ctrl + 1) % p.ctrl.size();
-  }
-  // The connection failed in this pass (a send, or a receive it refused to take): the
-  // messages it delivered into the slots before were taken above; now the loss.
-  if (!p.ending.ok()) {
-    if (p.lost.ok()) mark_lost(p, p.ending);
-    p.ending = {};
   }
   return any;
 }

@@ -645,6 +645,34 @@ TEST_CASE("messages a peer sent before it died are received before its loss show
   });
 }
 
+// As above, with a rendezvous first: rank 0's answer to it (the CTS) is refused at once,
+// the connection having failed, while the eager message after it already sits in the next
+// control slot. Core marked the peer lost right at that refusal and failed the receive
+// whose message had arrived; the loss must wait for the end of the pass, as it does for a
+// failed request.
+TEST_CASE("a message that arrived after a rendezvous from a dead peer is still received", "[errors][peer-lost]") {
+  with_killed_peer([](RankEnv& e) {
+    const auto small = test::random_bytes(8, 31);
+    std::vector<uint8_t> big(4 << 20, 7), got(8, 0);
+    HMC_EXPECT_OK(e.comm.barrier());
+    if (e.rank == 1) {
+      Request r = e.comm.isend(big.data(), big.size(), 0, 1);  // its RTS goes out
+      HMC_EXPECT_OK(e.comm.send(small.data(), small.size(), 0, 2));
+      raise(SIGKILL);
+    }
+    Request first = e.comm.irecv(big.data(), big.size(), 1, 1);
+    Request second = e.comm.irecv(got.data(), got.size(), 1, 2);
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // no progress here meanwhile
+    Status s2 = second.wait();
+    HMC_EXPECT(s2.ok(), "the eager message: " + s2.to_string());
+    HMC_EXPECT(got == small, "the eager message differs");
+    Status s1 = first.wait();
+    HMC_EXPECT(s1.code() == ErrorCode::kPeerLost, "the rendezvous: " + s1.to_string());
+    e.comm.abort();
+    return 0;
+  });
+}
+
 // The same while the receiver is receiving: 300 messages of 8 KiB, posted before the peer
 // sends them and dies. The control plane may report the death while tcp's io thread is
 // still reading the last of them from the socket; core used to stop draining at the first
