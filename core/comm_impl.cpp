@@ -361,11 +361,24 @@ void CommImpl::close_connections() {
   events_.clear();
 }
 
+// A caller of abort() returns once nothing touches its buffers any more (request.h), so a
+// second caller, or the destructor on another thread, waits for the first one's closing:
+// it ends the vendor link and drops collectives (the hooks) only after mu_ is let go.
+void CommImpl::wait_abort_done() {
+  if (aborting_.load() == std::this_thread::get_id()) return;  // from inside a hook
+  abort_done_.wait(false);
+}
+
 void CommImpl::abort() {
   bool unregister = false;
   {
-    std::lock_guard lock(mu_);
-    if (state_.load() == 2) return;
+    std::unique_lock lock(mu_);
+    if (state_.load() == 2) {
+      lock.unlock();
+      wait_abort_done();
+      return;
+    }
+    aborting_ = std::this_thread::get_id();
     bool was_active = state_.exchange(2) == 0;
     unregister = std::exchange(registered_, false);
     if (bootstrap_ && was_active) bootstrap_->abort();
@@ -386,9 +399,13 @@ void CommImpl::abort() {
   }
   for (auto& hook : hooks) hook();
   ctx_.engine()->wake();
+  aborting_ = std::thread::id{};
+  abort_done_ = true;
+  abort_done_.notify_all();
 }
 
 Status CommImpl::finalize() {
+  if (state_.load() == 2) wait_abort_done();
   HMC_RETURN_IF_ERROR(usable());
   auto deadline = ctx_.deadline();
   // Let in-flight sends drain, then agree that everyone is done before closing anything.
@@ -419,9 +436,13 @@ Status CommImpl::finalize() {
   Status bye;
   bool unregister = false;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     // abort() from another thread ended the barrier and did the closing: it stays aborted.
-    if (state_.load() == 2) return {ErrorCode::kAborted, "communicator was aborted during finalize()"};
+    if (state_.load() == 2) {
+      lock.unlock();
+      wait_abort_done();
+      return {ErrorCode::kAborted, "communicator was aborted during finalize()"};
+    }
     state_ = 1;
     fail_all({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});
     if (segments_) segments_->fail({ErrorCode::kFinalized, "communicator finalized while the operation was pending"});

@@ -403,6 +403,11 @@ class CommImpl : public Progressable {
   std::atomic<bool> lost_changed_{false};
   int leaving_ = 0;  // peers with `leaving` set (mu_)
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
+  // abort()'s closing is over (set last, after the hooks); the thread doing it meanwhile.
+  // A second abort(), a finalize() it overtook, and the destructor wait for it.
+  std::atomic<bool> abort_done_{false};
+  std::atomic<std::thread::id> aborting_{};
+  void wait_abort_done();
   std::atomic<bool> finalizing_{false};  // finalize reached its barrier
   uint64_t next_id_ = 1;
   bool registered_ = false;
