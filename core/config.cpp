@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -40,6 +41,8 @@ std::string lower(std::string s) {
   return s;
 }
 
+std::optional<double> duration_us(const std::string& text);  // below
+
 Status validate(const ParamDef& def, const std::string& value) {
   bool good = true;
   switch (def.type) {
@@ -52,7 +55,11 @@ Status validate(const ParamDef& def, const std::string& value) {
     }
     case ParamType::kSize: good = parse_size(value).has_value(); break;
     case ParamType::kBool: good = parse_bool(value).has_value(); break;
-    case ParamType::kDuration: good = parse_duration(value).has_value(); break;
+    case ParamType::kDuration:
+      good = parse_duration(value).has_value();
+      if (!good && duration_us(value))
+        return {ErrorCode::kInvalidArgument, "malformed " + def.name + "='" + value + "': longer than 10 years, the most a duration may be"};
+      break;
     default: break;
   }
   if (!def.choices.empty() && std::find(def.choices.begin(), def.choices.end(), value) == def.choices.end()) {
@@ -78,11 +85,12 @@ namespace {
 std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
   if (text.empty() || text.find('-') != std::string::npos) return std::nullopt;
   if (!std::isdigit(static_cast<unsigned char>(text[0])) && text[0] != '.') return std::nullopt;  // "+4K"
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || errno != 0 || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
-  for (const char* c = text.c_str(); c < end; ++c)
+  // from_chars, not strtod: the decimal point stays '.' whatever locale the application set.
+  double v = 0;
+  const char* first = text.c_str();
+  const auto [end, ec] = std::from_chars(first, first + text.size(), v, std::chars_format::general);
+  if (ec != std::errc() || end == first || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
+  for (const char* c = first; c < end; ++c)
     if (!std::isdigit(static_cast<unsigned char>(*c)) && std::strchr(".eE+", *c) == nullptr) return std::nullopt;
   return std::make_pair(v, lower(end));
 }
@@ -110,7 +118,10 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {
+namespace {
+
+// A duration in microseconds, however long.
+std::optional<double> duration_us(const std::string& text) {
   auto parsed = number_and_unit(text);
   if (!parsed) return std::nullopt;
   const auto& [v, unit] = *parsed;
@@ -121,8 +132,18 @@ std::optional<std::chrono::microseconds> parse_duration(const std::string& text)
   else if (unit == "m" || unit == "min") us = v * 60e6;
   else if (unit == "h") us = v * 3600e6;
   else return std::nullopt;
-  if (!(us < 9.2e18)) return std::nullopt;  // beyond int64_t microseconds (converting is undefined)
-  return std::chrono::microseconds(static_cast<int64_t>(us));
+  return us;
+}
+
+}  // namespace
+
+// Deadlines are the steady clock's now plus a duration, in nanoseconds of int64_t: about 292
+// years from the clock's start. Longer ones would wrap into the past ("HMC_CREDIT_WAIT=1e10",
+// meant as never), so a duration is at most kMostDuration.
+std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {
+  auto us = duration_us(text);
+  if (!us || !(*us <= static_cast<double>(kMostDuration.count()))) return std::nullopt;
+  return std::chrono::microseconds(static_cast<int64_t>(*us));
 }
 
 std::optional<bool> parse_bool(const std::string& text) {
@@ -159,7 +180,7 @@ const std::vector<ParamDef>& Config::core_params() {
       {"HMC_COLL_CHECK", ParamType::kBool, "0", "verify that all ranks pass matching collective arguments (an extra small exchange)"},
       {"HMC_SHM_COLL", ParamType::kBool, "1", "all_reduce, reduce, all_gather, all_to_all, reduce_scatter, broadcast and barrier go through shared-memory segments when every rank runs on this host and has no device but the CPU (set alike on every rank)"},
       {"HMC_SHM_COLL_MAX", ParamType::kSize, "0", "only collectives of up to this much input per rank go through the shared-memory segments of HMC_SHM_COLL; 0: no limit (set alike on every rank; 4K suits buffers from Context::alloc(kShareable), see docs/collectives.md)"},
-      {"HMC_YIELD_EVERY", ParamType::kInt, "0", "a waiting thread calls sched_yield after this many unproductive polls; 0 (automatic): 8 while this host's ranks have a CPU each (for messages over providers with threads of their own, tcp and shm, two each, and this rank's binding allows two), else 1"},
+      {"HMC_YIELD_EVERY", ParamType::kInt, "0", "a waiting thread calls sched_yield after this many unproductive polls; 0 (automatic): 8 while this host's ranks have a CPU each (for messages over providers with threads of their own, tcp and shm, two each, and this rank's binding allows two), else 1; at most 1048576"},
       {"HMC_HOST_ID", ParamType::kString, "", "override this host's identity (ranks with equal ids count as one host)"},
       {"HMC_RANK", ParamType::kInt, "", "this process's rank (Communicator::from_env)"},
       {"HMC_WORLD_SIZE", ParamType::kInt, "", "number of ranks (Communicator::from_env)"},

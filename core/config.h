@@ -62,6 +62,8 @@ class Config {
 
 // Parsers shared with tools: "64K", "4MiB", "1G" -> bytes; "30s", "500ms", "2m", "10" (s).
 std::optional<uint64_t> parse_size(const std::string& text);
+// At most kMostDuration (10 years): deadlines past the steady clock's range would wrap.
+inline constexpr std::chrono::microseconds kMostDuration{int64_t{10} * 365 * 86400 * 1000000};
 std::optional<std::chrono::microseconds> parse_duration(const std::string& text);
 std::optional<bool> parse_bool(const std::string& text);
 

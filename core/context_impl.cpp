@@ -98,12 +98,19 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
                                                    "': expected trace, debug, info, warn, error or off");
   // Checked here rather than when a communicator negotiates its paths: a typo should stop
   // the program where it starts (the other strings with a grammar are checked by Config).
-  if (auto policy = PathPolicy::parse(ctx->config_.str("HMC_PATH")); !policy) return policy.status();
-  ctx->timeout_ = std::chrono::duration_cast<std::chrono::milliseconds>(ctx->config_.duration("HMC_TIMEOUT"));
+  auto policy = PathPolicy::parse(ctx->config_.str("HMC_PATH"));
+  if (!policy) return policy.status();
+  // Kept in milliseconds, rounded up: 500us is a deadline of 1 ms, not none.
+  ctx->timeout_ = std::chrono::ceil<std::chrono::milliseconds>(ctx->config_.duration("HMC_TIMEOUT"));
   if (ctx->timeout_.count() <= 0) return Status(ErrorCode::kInvalidArgument, "HMC_TIMEOUT must be positive");
   ctx->engine_->default_timeout = ctx->timeout_;
   ctx->yield_every_ = ctx->config_.integer("HMC_YIELD_EVERY");
-  if (ctx->yield_every_ < 0) return Status(ErrorCode::kInvalidArgument, "HMC_YIELD_EVERY must be 0 (automatic) or more");
+  // Polls between yields, counted in int (and 200 times that before a waiter sleeps).
+  constexpr int64_t kMostYieldEvery = 1 << 20;
+  if (ctx->yield_every_ < 0 || ctx->yield_every_ > kMostYieldEvery)
+    return Status(ErrorCode::kInvalidArgument, "HMC_YIELD_EVERY must be 0 (automatic) to " +
+                                                   std::to_string(kMostYieldEvery) + ", got " +
+                                                   std::to_string(ctx->yield_every_));
   ctx->note_host_ranks(1, false);
   ctx->host_register_min_ = ctx->config_.size("HMC_HOST_REGISTER");
   ctx->host_id_ = ctx->config_.str("HMC_HOST_ID");
@@ -111,6 +118,20 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   auto reg = PluginRegistry::load(ctx->config_, *ctx->engine_);
   if (!reg) return reg.status();
   ctx->registry_ = std::move(reg.value());
+  // A provider HMC_PATH forces must be one that was found (unavailable ones included: they
+  // fail the pair with their reason when a communicator is made); a typo stops here.
+  for (const auto& [pair, name] : policy->forced) {
+    std::string known;
+    bool found = false;
+    for (const ProviderInfo& info : ctx->registry_->report())
+      if (info.kind == "net") {
+        found |= info.name == name;
+        known += (known.empty() ? "" : ", ") + info.name;
+      }
+    if (!found)
+      return Status(ErrorCode::kInvalidArgument, "HMC_PATH forces '" + name + "', which is no net provider found (" +
+                                                     (known.empty() ? std::string("none") : known) + ")");
+  }
   ctx->ipc_imports_ = std::make_unique<IpcImports>(*ctx);
   for (auto& n : ctx->registry_->nets()) {
     LoadedProvider* p = n.get();

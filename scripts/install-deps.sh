@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2
-  iproute2 procps python3
+  iproute2 procps python3 locales
   libopenmpi-dev openmpi-bin libgloo-dev
   libucx-dev ucx-utils
 )

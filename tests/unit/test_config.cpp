@@ -1,5 +1,6 @@
 // The configuration table: parsing, validation, precedence.
 #include <catch2/catch.hpp>
+#include <clocale>
 #include <cstdlib>
 
 #include "common/port_range.h"
@@ -53,6 +54,47 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
   CHECK(parse_bool("yes") == true);
   CHECK(parse_bool("0") == false);
   CHECK_FALSE(parse_bool("maybe"));
+}
+
+// A locale with a decimal comma, or nullptr: an installed one, else one built with localedef
+// into a folder of its own (Debian's `locales` has the sources) that LOCPATH then names.
+static const char* comma_locale() {
+  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8"})
+    if (std::setlocale(LC_NUMERIC, name)) return name;
+  char dir[] = "/tmp/hmc-locale-XXXXXX";
+  if (!mkdtemp(dir)) return nullptr;
+  const std::string made = std::string(dir) + "/de_DE.UTF-8";
+  if (std::system(("localedef -i de_DE -f UTF-8 " + made + " >/dev/null 2>&1").c_str()) != 0) return nullptr;
+  setenv("LOCPATH", dir, 1);
+  return std::setlocale(LC_NUMERIC, "de_DE.UTF-8") ? "de_DE.UTF-8" : nullptr;
+}
+
+// An application that called setlocale(LC_ALL, "") in Germany read "1.5s" with strtod as
+// 1 and ".5s" left over: HMC_TIMEOUT=1.5s failed the context as malformed.
+TEST_CASE("sizes and durations parse alike whatever the locale", "[config]") {
+  const char* name = comma_locale();
+  if (!name) {
+    WARN("no locale with a decimal comma here: skipped");
+    return;
+  }
+  INFO("locale " << name);
+  CHECK(parse_duration("1.5s") == 1500ms);
+  CHECK(parse_size("0.5M") == (512u << 10));
+  CHECK_FALSE(parse_duration("1,5s"));
+  std::setlocale(LC_NUMERIC, "C");
+  unsetenv("LOCPATH");
+}
+
+// Deadlines are now plus a duration in int64_t nanoseconds: HMC_CREDIT_WAIT=1e10 (seconds,
+// meant as never) wrapped into the past, and every held send went by rendezvous at once.
+TEST_CASE("a duration longer than ten years is refused with the reason", "[config]") {
+  CHECK(parse_duration("3650d") == std::nullopt);  // no such unit
+  CHECK(parse_duration("87600h") == kMostDuration);
+  CHECK_FALSE(parse_duration("87601h"));
+  CHECK_FALSE(parse_duration("1e10"));
+  auto bad = Config::load({{"HMC_CREDIT_WAIT", "1e10"}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("HMC_CREDIT_WAIT") && Catch::Contains("10 years"));
 }
 
 TEST_CASE("options override the environment and are validated", "[config]") {

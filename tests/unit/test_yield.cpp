@@ -102,3 +102,15 @@ TEST_CASE("HMC_YIELD_EVERY sets both counts", "[progress][yield]") {
   CHECK(ctx->engine()->yield_every() == 3);
   CHECK(ctx->engine()->message_yield_every() == 3);
 }
+
+// The count is an int, and a waiter polls 200 times that before it sleeps: 4294967296 came
+// out as 0 (then 1), and 20000000 overflowed the product. Values past 2^20 are refused.
+TEST_CASE("HMC_YIELD_EVERY past its range is refused, not wrapped", "[progress][yield]") {
+  for (const char* bad : {"4294967296", "20000000", "-1"}) {
+    INFO(bad);
+    auto ctx = ContextImpl::create({{{"HMC_PROVIDERS", "cpu"}, {"HMC_YIELD_EVERY", bad}}});
+    REQUIRE_FALSE(ctx.ok());
+    CHECK_THAT(ctx.status().message(), Catch::Contains("HMC_YIELD_EVERY"));
+  }
+  CHECK(make({{"HMC_YIELD_EVERY", "1048576"}})->engine()->yield_every() == 1048576);
+}
