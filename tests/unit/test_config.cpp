@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <clocale>
 #include <cstdlib>
+#include <filesystem>
 
 #include "common/port_range.h"
 #include "core/config.h"
@@ -57,12 +58,13 @@ TEST_CASE("sizes, durations and flags parse strictly", "[config]") {
 }
 
 // A locale with a decimal comma, or nullptr: an installed one, else one built with localedef
-// into a folder of its own (Debian's `locales` has the sources) that LOCPATH then names.
-static const char* comma_locale() {
+// into a folder of its own, `dir` (Debian's `locales` has the sources), that LOCPATH names.
+static const char* comma_locale(std::string& made_in) {
   for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8"})
     if (std::setlocale(LC_NUMERIC, name)) return name;
   char dir[] = "/tmp/hmc-locale-XXXXXX";
   if (!mkdtemp(dir)) return nullptr;
+  made_in = dir;
   const std::string made = std::string(dir) + "/de_DE.UTF-8";
   if (std::system(("localedef -i de_DE -f UTF-8 " + made + " >/dev/null 2>&1").c_str()) != 0) return nullptr;
   setenv("LOCPATH", dir, 1);
@@ -72,7 +74,16 @@ static const char* comma_locale() {
 // An application that called setlocale(LC_ALL, "") in Germany read "1.5s" with strtod as
 // 1 and ".5s" left over: HMC_TIMEOUT=1.5s failed the context as malformed.
 TEST_CASE("sizes and durations parse alike whatever the locale", "[config]") {
-  const char* name = comma_locale();
+  std::string made_in;
+  const char* name = comma_locale(made_in);
+  struct Cleanup {
+    std::string& dir;
+    ~Cleanup() {
+      std::setlocale(LC_NUMERIC, "C");
+      unsetenv("LOCPATH");
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+  } cleanup{made_in};
   if (!name) {
     WARN("no locale with a decimal comma here: skipped");
     return;
@@ -81,8 +92,6 @@ TEST_CASE("sizes and durations parse alike whatever the locale", "[config]") {
   CHECK(parse_duration("1.5s") == 1500ms);
   CHECK(parse_size("0.5M") == (512u << 10));
   CHECK_FALSE(parse_duration("1,5s"));
-  std::setlocale(LC_NUMERIC, "C");
-  unsetenv("LOCPATH");
 }
 
 // Deadlines are now plus a duration in int64_t nanoseconds: HMC_CREDIT_WAIT=1e10 (seconds,
