@@ -112,7 +112,15 @@ Status CommImpl::setup_segments(const Card& mine, Clock::time_point deadline) {
       if (h.empty()) why = "rank " + std::to_string(r) + " has no segment";
       else if (cpu->dev->ipc_import(cpu->state, h.data(), h.size(), &ptr) != 0 || !ptr)
         why = "import from rank " + std::to_string(r) + ": " + provider_error(*cpu);
-      else {
+      else if (std::size_t mapped = 0; !(cpu->dev->caps & HMC_DEV_CAP_IPC_EXTENT) ||
+                                        cpu->dev->ipc_extent(cpu->state, ptr, &mapped) != 0 ||
+                                        mapped < HostSegments::kBytes) {
+        // The collectives reach kBytes into every segment: a peer's handle that maps less
+        // (another build, a lie) would have them write past the mapping.
+        why = "rank " + std::to_string(r) + "'s segment maps " + std::to_string(mapped) + " bytes, not " +
+              std::to_string(HostSegments::kBytes) + " (or the cpu provider cannot say)";
+        cpu->dev->ipc_close(cpu->state, ptr);
+      } else {
         segs->imported_.push_back(ptr);
         segs->base_[r] = static_cast<uint8_t*>(ptr);
       }
