@@ -213,16 +213,20 @@ class ShmProvider final : public hmc_net::StreamProvider {
   int open_listener(const char*, Acceptor& acceptor, std::string& addr, std::string& why) override {
     using boost::asio::local::stream_protocol;
     std::string path = socket_path(++counter_);
+    // Bound under a name no sweep looks at, renamed once it listens: a sweeper in another
+    // pid namespace would take a bound socket that refuses connections for a dead one's.
+    const std::string fresh = path.substr(0, path.size() - 5) + ".new";
     boost::system::error_code ec;
     stream_protocol::acceptor a(io());
     a.open(stream_protocol(), ec);
-    if (!ec) a.bind(stream_protocol::endpoint(path), ec);
+    if (!ec) a.bind(stream_protocol::endpoint(fresh), ec);
     // Before listen: no connection of another user is ever queued (on_open checks it too).
-    if (!ec && ::chmod(path.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
+    if (!ec && ::chmod(fresh.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
     if (!ec) a.listen(boost::asio::socket_base::max_listen_connections, ec);
+    if (!ec && ::rename(fresh.c_str(), path.c_str()) != 0) ec.assign(errno, boost::system::system_category());
     if (ec) {
       why = "cannot listen on " + path + ": " + ec.message();
-      if (ec != boost::asio::error::address_in_use) ::unlink(path.c_str());
+      if (ec != boost::asio::error::address_in_use) ::unlink(fresh.c_str());
       return HMC_PROV_ERR_UNAVAILABLE;
     }
     addr = path;
@@ -251,8 +255,7 @@ class ShmProvider final : public hmc_net::StreamProvider {
 
  private:
   std::string socket_path(uint64_t n) const {
-    return dir_ + "/hmc-shm-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
-           random_hex() + ".sock";
+    return dir_ + "/" + socket_name(static_cast<unsigned long>(n), random_hex());
   }
   int fall_back(Connection& conn, int err);
   static PeerMappings& peer_mappings(Connection& conn);

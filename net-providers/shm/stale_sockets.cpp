@@ -10,23 +10,29 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
 
 namespace hmc_shm {
 namespace {
 
-// The pid in "hmc-shm-<pid>-...sock", or 0 for any other name.
+std::string prefix() { return "hmc-shm-b" + boot_tag() + "-"; }
+
+// The pid in a socket_name of this boot, or 0 for any other name.
 pid_t owner_of(const char* name) {
-  constexpr char kPrefix[] = "hmc-shm-";
+  const std::string ours = prefix();
   const size_t len = std::strlen(name);
-  if (std::strncmp(name, kPrefix, sizeof(kPrefix) - 1) != 0 || len < 5 || std::strcmp(name + len - 5, ".sock") != 0)
+  if (std::strncmp(name, ours.c_str(), ours.size()) != 0 || len < 5 || std::strcmp(name + len - 5, ".sock") != 0)
     return 0;
+  const char* digits = name + ours.size();
+  if (!std::isdigit(static_cast<unsigned char>(*digits))) return 0;
   char* end = nullptr;
-  const long pid = std::strtol(name + sizeof(kPrefix) - 1, &end, 10);
+  const long pid = std::strtol(digits, &end, 10);
   return pid > 0 && end && *end == '-' ? static_cast<pid_t>(pid) : 0;
 }
 
@@ -46,6 +52,21 @@ bool nobody_listens(const std::string& path) {
 }
 
 }  // namespace
+
+const std::string& boot_tag() {
+  static const std::string tag = [] {
+    std::string id, hex;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), id);
+    for (char c : id)
+      if (std::isxdigit(static_cast<unsigned char>(c)) && hex.size() < 8) hex += static_cast<char>(std::tolower(c));
+    return hex.size() == 8 ? hex : std::string("0");
+  }();
+  return tag;
+}
+
+std::string socket_name(unsigned long n, const std::string& random) {
+  return prefix() + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" + random + ".sock";
+}
 
 int sweep_stale_sockets(const std::string& dir) {
   static std::mutex mu;

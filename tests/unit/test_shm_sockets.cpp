@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,15 @@ pid_t gone_pid() {
   return pid;
 }
 
+// This boot's tag in socket names (net-providers/shm/stale_sockets.h), read as shm reads it.
+std::string boot_tag() {
+  std::string id, hex;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), id);
+  for (char c : id)
+    if (std::isxdigit(static_cast<unsigned char>(c)) && hex.size() < 8) hex += static_cast<char>(std::tolower(c));
+  return hex.size() == 8 ? hex : "0";
+}
+
 struct TempDir {
   std::string path;
   TempDir() {
@@ -57,16 +67,21 @@ struct TempDir {
 TEST_CASE("shm unlinks the socket files of processes gone, and nothing else", "[shm][config]") {
   TempDir dir;
   const pid_t gone = gone_pid();
-  const std::string prefix = dir.path + "/hmc-shm-";
+  const std::string prefix = dir.path + "/hmc-shm-b" + boot_tag() + "-";
   const std::string stale = prefix + std::to_string(gone) + "-1-00000000deadbeef.sock";
   const std::string listened = prefix + std::to_string(gone) + "-2-00000000deadbeef.sock";  // a pid from another namespace
   const std::string mine = prefix + std::to_string(::getpid()) + "-99-00000000deadbeef.sock";
   const std::string plain = prefix + std::to_string(gone) + "-3-00000000deadbeef.sock";
   const std::string other = dir.path + "/other.sock";
+  // Another host's, in a folder two hosts share: its pid is not ours to look up, and a
+  // connect to a socket of another kernel is refused, so it looked stale from here.
+  const std::string elsewhere = dir.path + "/hmc-shm-b" + (boot_tag() == "0f0f0f0f" ? "1e1e1e1e" : "0f0f0f0f") +
+                                "-" + std::to_string(gone) + "-4-00000000deadbeef.sock";
   ::close(bind_at(stale, false));
   const int listener = bind_at(listened, true);
   ::close(bind_at(mine, false));
   ::close(bind_at(other, false));
+  ::close(bind_at(elsewhere, false));
   std::ofstream(plain) << "not a socket";
 
   auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,shm"}, {"HMC_SHM_DIR", dir.path}}});
@@ -77,4 +92,13 @@ TEST_CASE("shm unlinks the socket files of processes gone, and nothing else", "[
   CHECK(fs::exists(mine));
   CHECK(fs::exists(plain));
   CHECK(fs::exists(other));
+  CHECK(fs::exists(elsewhere));
+  // The provider's own listener carries this boot's tag and listens under its final name.
+  int own = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path)) {
+    const std::string name = entry.path().filename();
+    CHECK(name.find(".new") == std::string::npos);
+    if (name.rfind("hmc-shm-b" + boot_tag() + "-" + std::to_string(::getpid()) + "-", 0) == 0) ++own;
+  }
+  CHECK(own >= 1);
 }
