@@ -49,10 +49,18 @@ bool IpcImports::close_idle(Pick pick) {
   return closed;
 }
 
+void IpcImports::close_orphans() {
+  if (!orphans_) return;
+  close_idle([&](const Import& imp) { return !attached_.count(imp.exporter); });
+  orphans_ = false;
+  for (const auto& [id, imp] : imports_) orphans_ |= !attached_.count(imp.exporter);
+}
+
 Result<IpcImports::Use> IpcImports::acquire(const std::string& exporter, int rank, const IpcOffer& offer,
                                             LoadedProvider* target) {
   auto who = [rank] { return "rank " + std::to_string(rank); };
   std::lock_guard lock(mu_);
+  close_orphans();
   const uint64_t key = offer_key(offer);
   auto it = find(exporter, key);
   if (it != imports_.end() && (it->second.handle != offer.handle || it->second.provider != target)) {
@@ -127,6 +135,7 @@ void IpcImports::pin(uint64_t id, LoadedProvider* by, std::size_t bytes) {
 void IpcImports::release(uint64_t id) {
   std::lock_guard lock(mu_);
   if (auto it = imports_.find(id); it != imports_.end() && it->second.uses > 0) --it->second.uses;
+  close_orphans();
 }
 
 void IpcImports::abandon(uint64_t id) {
@@ -144,7 +153,13 @@ void IpcImports::detach(const std::string& exporter) {
   auto it = attached_.find(exporter);
   if (it == attached_.end() || --it->second > 0) return;
   attached_.erase(it);
-  close_idle([&](const Import& imp) { return imp.exporter == exporter; });
+  orphans_ = true;
+  close_orphans();
+}
+
+std::size_t IpcImports::open_imports() {
+  std::lock_guard lock(mu_);
+  return imports_.size();
 }
 
 }  // namespace hmc::core

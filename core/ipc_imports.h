@@ -57,8 +57,12 @@ class IpcImports {
   void abandon(uint64_t id);
   // A communicator talks to `exporter` from now on / no longer: once none does, its
   // imports are closed (they hold the peer's memory alive).
+  // A detach while a stream waits on a flag cannot close them (close_idle): the next
+  // acquire or release that finds no flag pending does.
   void attach(const std::string& exporter);
   void detach(const std::string& exporter);
+  // How many imports are open (tests).
+  std::size_t open_imports();
 
  private:
   struct Import {
@@ -80,6 +84,8 @@ class IpcImports {
   // (closing waits for the whole device). Whether it closed one.
   template <class Pick>
   bool close_idle(Pick pick);
+  // The idle imports of exporters no communicator talks to any more, once they can be closed.
+  void close_orphans();
 
   // Imports hold the peer's memory alive, also after the peer freed it (collective scratch
   // comes and goes): beyond this many, the least recently used idle one is closed.
@@ -88,6 +94,7 @@ class IpcImports {
   std::mutex mu_;  // guards everything below; held while the provider imports and closes
   Imports imports_;
   std::map<std::string, int> attached_;  // exporter -> communicators that talk to it
+  bool orphans_ = false;  // some detached exporter's imports are still open
   uint64_t next_id_ = 1;
   uint64_t uses_ = 0;
 };
