@@ -313,8 +313,9 @@ bool Connection::finish_payload() {
     case Sink::nak_text: {
       AwaitAck a = await_ack_.front();
       await_ack_.pop_front();
-      int code = in_.hdr.status < 0 ? in_.hdr.status : HMC_PROV_ERR_INTERNAL;
-      a.req->fail(code, "put refused by the peer: " + in_.why + " (" + peer_ + ")");
+      // A refused put is out of bounds (net.h), whatever code the peer's frame carries: a
+      // broken peer must not make the host read PEER_LOST or an unknown code here.
+      a.req->fail(HMC_PROV_ERR_OUT_OF_BOUNDS, "put refused by the peer: " + in_.why + " (" + peer_ + ")");
       wake_due_ = true;
       break;
     }
