@@ -177,7 +177,7 @@ Status CommImpl::check_hello(const Hello& h, const std::string& provider, const 
   if (h.comm_id != comm_id_) return {ErrorCode::kRefused, "belongs to another communicator"};
   if (h.rank < 0 || h.rank >= rank_) return {ErrorCode::kRefused, "unexpected rank " + std::to_string(h.rank)};
   const Peer& p = peers_[h.rank];
-  if (p.conn) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " is already connected"};
+  if (p.conn || !p.lost.ok()) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " is already connected"};
   if (std::string(h.provider, strnlen(h.provider, sizeof(h.provider))) != provider || p.path.provider != provider)
     return {ErrorCode::kMismatch, "rank " + std::to_string(h.rank) + " connected over " + provider +
                                       " but this rank chose " + p.path.provider + " (HMC_PATH differs between ranks?)"};

@@ -94,6 +94,10 @@ std::shared_ptr<CommImpl::MsgBuf> CommImpl::take_msg_buf(std::size_t len) {
 
 void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64_t size, uint64_t aux,
                         const void* payload, std::size_t payload_len, OnEnd end) {
+  if (!p.conn) {  // closed: lost, or the communicator's end
+    end(p.lost.ok() ? Status(ErrorCode::kAborted, "connection closed") : p.lost);
+    return;
+  }
   const std::size_t len = sizeof(WireHeader) + payload_len;
   auto msg = take_msg_buf(len);
   WireHeader h{kWireMagic, static_cast<uint32_t>(type), tag, id, size, aux};
@@ -657,7 +661,10 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   p.lost = why;
   if (segments_) segments_->fail(why);
   fail_pending(p, why);
+  // The handle goes with the connection: a provider may give its address to a connection
+  // made later (another communicator's), which a stale send would then reach.
   if (p.net && p.conn) p.net->net->close_conn(p.net->state, p.conn);
+  p.conn = nullptr;
 }
 
 bool CommImpl::ended(Peer& p, void* req, const OnEnd& end, bool defer) {
