@@ -3,6 +3,13 @@ import json
 import sys
 
 j = json.load(sys.stdin)
+# A provider's parameters join the table only where its plugin loads: regenerated on a
+# machine without CUDA or UCX, the page would silently lose their rows.
+owners = {e["help"][1:e["help"].index("]")] for e in j["config"] if e["help"].startswith("[")}
+missing = sorted({"cpu", "tcp", "shm", "ucx", "cuda", "nccl"} - owners)
+if missing:
+    sys.exit("config_doc.py: no parameters of %s in this build (plugins not built or not selected: "
+             "run where all are built, with HMC_PROVIDERS unset)" % ", ".join(missing))
 print("""# Configuration
 
 Every setting HMC reads, from one table (`core/config.cpp`, plus each provider's `params`).
