@@ -110,7 +110,7 @@ void* Provider::add_region(char* base, size_t len, std::shared_ptr<Mapping> mapp
 // cannot cancel them, and the memory may be freed once we return. So do the copies of peers
 // that put through a mapping (Region::mapped_by): each answers the revoke (kRevoked) once
 // none is under way.
-void Provider::drop_region(uint64_t id) {
+void Provider::drop_region(std::unique_lock<std::mutex>& lock, uint64_t id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
   std::unique_ptr<Region> gone = std::move(it->second);
@@ -127,8 +127,9 @@ void Provider::drop_region(uint64_t id) {
       if (c->carries() && c->owe_revoked.contains(id)) return true;
     return false;
   };
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while ((landing(id) || owed()) && Clock::now() < deadline) drive();
+  const auto started = Clock::now();
+  const auto deadline = started + std::chrono::seconds(10);
+  while ((landing(id) || owed()) && Clock::now() < deadline) look(lock, started);
   if (landing(id) || owed())
     host_.log(HMC_LOG_WARN, "dereg_mem: a peer's put into the region is still arriving after 10 s");
   for (auto& [cid, c] : conns_) c->owe_revoked.erase(id);  // an answer that never came
@@ -161,7 +162,7 @@ int Provider::reg_mem(void* ptr, size_t bytes, int mem_kind, void** mr) {
 int Provider::dereg_mem(void* mr) {
   std::unique_lock lock(mu_);
   if (!regions_.contains(id_of(mr))) return HMC_PROV_ERR_INVALID;
-  drop_region(id_of(mr));
+  drop_region(lock, id_of(mr));
   unlock_and_wake(lock);
   return HMC_PROV_OK;
 }
@@ -195,7 +196,7 @@ int Provider::mem_free(void* ptr, void* mr) {
   if (a == allocations_.end() || r == regions_.end() || r->second->mapping != a->second)
     return HMC_PROV_ERR_INVALID;
   allocations_.erase(a);  // the pages stay while a region still uses them
-  drop_region(id_of(mr));
+  drop_region(lock, id_of(mr));
   unlock_and_wake(lock);
   return HMC_PROV_OK;
 }

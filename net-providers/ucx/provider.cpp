@@ -541,6 +541,7 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   host_.log(code == HMC_PROV_ERR_CLOSED ? HMC_LOG_DEBUG : HMC_LOG_INFO, why);
   for (Recv& r : c.recvs) {
     if (r.op) r.op->recv = nullptr;
+    if (r.req == nullptr) continue;  // close_locked ends it later
     if (!r.landed) r.req->fail(code, why);
     else if (r.rc == HMC_PROV_OK) r.req->complete(r.bytes);
     else r.req->fail(r.rc, r.why);
@@ -647,6 +648,15 @@ int Provider::close_conn(void* conn) {
   return HMC_PROV_OK;
 }
 
+bool Provider::look(std::unique_lock<std::mutex>& lock, Clock::time_point started) {
+  const bool moved = drive();
+  if (Clock::now() - started < std::chrono::milliseconds(1)) return moved;
+  lock.unlock();
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  lock.lock();
+  return moved;
+}
+
 // close_conn's work, under mu_ (`lock`); waits until `cap` at the latest. A wait past the
 // first millisecond lets mu_ go between looks, so that a peer that flushes nothing (stopped,
 // not gone) stalls only this call, not the other connections and the provider's thread.
@@ -660,18 +670,23 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   // Out of the thread's epoll set now: while the wait below lets mu_ go, a peer's end of
   // the lifeline would wake the thread again and again (level-triggered) for nothing.
   if (fd >= 0) epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  // Receives whose rendezvous data UCX still fetches into the caller's buffer end only
+  // after the wait below for what uses the caller's buffers: ended in fail(), another
+  // thread's test() would hand the buffer back while UCX still writes it. (From a peer
+  // that is gone no more data comes: those end now.)
+  std::vector<Request*> fetching;
+  if (!gone && c->state != Conn::kFailed)
+    for (Recv& r : c->recvs)
+      if (r.op != nullptr && !r.landed) {
+        r.op->recv = nullptr;
+        r.op = nullptr;
+        fetching.push_back(std::exchange(r.req, nullptr));
+      }
   fail(*c, HMC_PROV_ERR_CLOSED, "connection closed");
   const auto deadline =
       std::min(cap, Clock::now() + (gone ? std::chrono::milliseconds(500) : std::chrono::seconds(10)));
   const auto started = Clock::now();
-  auto look = [&] {
-    const bool moved = drive();
-    if (Clock::now() - started < std::chrono::milliseconds(1)) return moved;
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    lock.lock();
-    return moved;
-  };
+  auto look = [&] { return this->look(lock, started); };
   // A UCP request's end (UCS_INPROGRESS at the deadline); nullptr: done at once.
   auto settled = [&](void* r) {
     if (r == nullptr) return UCS_OK;
@@ -738,6 +753,7 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   if (uses_caller())
     host_.log(gone ? HMC_LOG_DEBUG : HMC_LOG_WARN, "close_conn: UCX still holds operations of " + c->peer +
                                                        (gone ? " (the peer is gone)" : ""));
+  for (Request* r : fetching) r->fail(HMC_PROV_ERR_CLOSED, "connection closed");
   if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
   if (fd >= 0) close(fd);
   auto it = conns_.find(c->id);

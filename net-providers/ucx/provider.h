@@ -386,7 +386,12 @@ class Provider {
   // memory.cpp: mappings, regions, allocations.
   int map(void* ptr, size_t bytes, std::shared_ptr<Mapping>& out);
   void* add_region(char* base, size_t len, std::shared_ptr<Mapping> mapping);
-  void drop_region(uint64_t id);
+  void drop_region(std::unique_lock<std::mutex>& lock, uint64_t id);
+  // One look of a wait under mu_ (`lock`) that began at `started`: drives the worker, and past
+  // the first millisecond lets mu_ go for a moment, so that a peer that answers nothing
+  // (stopped, not gone) stalls only the waiting call, not the other connections and the
+  // provider's thread. Whether the worker moved.
+  bool look(std::unique_lock<std::mutex>& lock, Clock::time_point started);
   std::shared_ptr<Mapping> allocation_of(const char* ptr, size_t bytes) const;
 
   // put.cpp: checks, puts, revocations.

@@ -352,3 +352,49 @@ TEST_CASE("ucx: fini returns with a send to a stopped peer still under way", "[u
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+// close_conn fails what is pending, but a receive whose rendezvous data UCX still fetches
+// into the caller's buffer must not end before UCX is done with that buffer: another
+// thread's test() would hand it back (to be freed, reused) while it still changes. Before,
+// the receive failed at the start of close_conn, which then waited for the fetch.
+TEST_CASE("ucx: close_conn ends a receive only once UCX no longer writes its buffer", "[ucx][close]") {
+  Plugin u;
+  if (u.missing()) return;
+  const auto l = u.loop("big");
+  REQUIRE(l.in != nullptr);
+  REQUIRE(u.wait_up(l.in) == HMC_PROV_OK);
+  REQUIRE(u.wait_up(l.out) == HMC_PROV_OK);
+  constexpr size_t kLen = size_t{256} << 20;
+  std::vector<char> src(kLen, 's'), dst(kLen, 0);
+  // Sampled when the receive was reported over (a copy of it all would take longer than
+  // the fetch): the data comes in order, so its tail shows a fetch still under way.
+  std::vector<size_t> at;
+  for (size_t k = 1; k <= 64; ++k) at.push_back(kLen / 64 * k - 1);
+  std::vector<char> seen(at.size());
+  void* rreq = nullptr;
+  void* sreq = nullptr;
+  REQUIRE(u.p->recv_msg(u.state, l.in, dst.data(), kLen, &rreq) == HMC_PROV_OK);
+  REQUIRE(u.p->send_msg(u.state, l.out, src.data(), kLen, &sreq) == HMC_PROV_OK);
+  // The fetch starts once the message's header is in: a few milliseconds of progress, far
+  // less than moving 256 MiB takes.
+  for (const auto until = Clock::now() + std::chrono::milliseconds(3); Clock::now() < until;) u.p->progress(u.state);
+  int rc = 0, done = 0;
+  std::thread watcher([&] {  // the application's other thread, polling the receive
+    size_t bytes = 0;
+    char why[256];
+    const auto until = Clock::now() + std::chrono::seconds(30);
+    while (!done && rc >= 0 && Clock::now() < until) rc = u.p->test(u.state, rreq, &done, &bytes, why, sizeof why);
+    for (size_t k = 0; k < at.size(); ++k) seen[k] = dst[at[k]];
+  });
+  CHECK(u.p->close_conn(u.state, l.in) == HMC_PROV_OK);
+  watcher.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 100; ++i) u.p->progress(u.state);
+  INFO("receive ended with " << rc);
+  CHECK((rc < 0 || done));  // it ended: closed, or landed first
+  size_t changed = 0;
+  for (size_t k = 0; k < at.size(); ++k) changed += seen[k] != dst[at[k]];
+  CHECK(changed == 0);  // nothing written after
+  u.p->close_conn(u.state, l.out);
+  u.p->close_listener(u.state, l.listener);
+}
