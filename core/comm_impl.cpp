@@ -345,13 +345,14 @@ void CommImpl::fail_pending(Peer& p, const Status& why) {
 
 void CommImpl::close_connections() {
   for (auto& p : peers_) {
-    if (!p.net || !p.conn) continue;
-    p.net->net->close_conn(p.net->state, p.conn);
-    // Closed connections fail their requests: collect them so nothing leaks.
+    if (!p.net) continue;
+    // The handle goes with the connection (as in mark_lost): nothing below may use it again.
+    if (p.conn) p.net->net->close_conn(p.net->state, std::exchange(p.conn, nullptr));
+    // Closed connections (here, or earlier when the peer was lost) fail their requests:
+    // collect them so nothing leaks.
     auto until = Clock::now() + std::chrono::seconds(2);
     auto pending = [&] { return !p.inflight.empty() || std::any_of(p.ctrl.begin(), p.ctrl.end(), [](auto& s) { return s.req; }); };
     while (pending() && Clock::now() < until) progress_peer(p);
-    p.conn = nullptr;
   }
   flush_reg_cache(true);
   for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
@@ -366,7 +367,10 @@ void CommImpl::close_connections() {
 // it ends the vendor link and drops collectives (the hooks) only after mu_ is let go.
 void CommImpl::wait_abort_done() {
   if (aborting_.load() == std::this_thread::get_id()) return;  // from inside a hook
-  abort_done_.wait(false);
+  std::unique_lock lock(abort_mu_);
+  while (!abort_cv_.wait_for(lock, ctx_.timeout(), [this] { return abort_done_; }))
+    HMC_LOG("core", warn, "rank {}: abort() still waits for another thread's abort() to end (its vendor "
+            "library's abort, or collectives being dropped)", rank_);
 }
 
 void CommImpl::abort() {
@@ -400,8 +404,11 @@ void CommImpl::abort() {
   for (auto& hook : hooks) hook();
   ctx_.engine()->wake();
   aborting_ = std::thread::id{};
+  // Under the lock: a waiter (the destructor) cannot go on, and free this, before the
+  // notification is out.
+  std::lock_guard lock(abort_mu_);
   abort_done_ = true;
-  abort_done_.notify_all();
+  abort_cv_.notify_all();
 }
 
 Status CommImpl::finalize() {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -405,7 +406,9 @@ class CommImpl : public Progressable {
   std::atomic<int> state_{0};  // 0 active, 1 finalized, 2 aborted
   // abort()'s closing is over (set last, after the hooks); the thread doing it meanwhile.
   // A second abort(), a finalize() it overtook, and the destructor wait for it.
-  std::atomic<bool> abort_done_{false};
+  std::mutex abort_mu_;
+  std::condition_variable abort_cv_;
+  bool abort_done_ = false;  // abort_mu_
   std::atomic<std::thread::id> aborting_{};
   void wait_abort_done();
   std::atomic<bool> finalizing_{false};  // finalize reached its barrier
