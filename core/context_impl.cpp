@@ -118,8 +118,10 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
   auto reg = PluginRegistry::load(ctx->config_, *ctx->engine_);
   if (!reg) return reg.status();
   ctx->registry_ = std::move(reg.value());
-  // A provider HMC_PATH forces must be one that was found (unavailable ones included: they
-  // fail the pair with their reason when a communicator is made); a typo stops here.
+  // A provider HMC_PATH forces should be one that was found (unavailable ones included:
+  // they fail the pair with their reason when a communicator is made). One that is not may
+  // be a typo, or a plugin this node lacks under a setting shared by the cluster (a pair
+  // class this job may not use): a warning now, and the pairs that need it fail then.
   for (const auto& [pair, name] : policy->forced) {
     std::string known;
     bool found = false;
@@ -129,8 +131,8 @@ Result<std::unique_ptr<ContextImpl>> ContextImpl::create(const ContextOptions& o
         known += (known.empty() ? "" : ", ") + info.name;
       }
     if (!found)
-      return Status(ErrorCode::kInvalidArgument, "HMC_PATH forces '" + name + "', which is no net provider found (" +
-                                                     (known.empty() ? std::string("none") : known) + ")");
+      HMC_LOG("core", warn, "HMC_PATH forces '{}' for {} pairs, which is no net provider found here ({}): "
+              "communicators with such pairs will fail", name, pair, known.empty() ? std::string("none") : known);
   }
   ctx->ipc_imports_ = std::make_unique<IpcImports>(*ctx);
   for (auto& n : ctx->registry_->nets()) {

@@ -95,12 +95,9 @@ TEST_CASE("HMC_PATH forces a provider or fails with the reason", "[path]") {
   REQUIRE_FALSE(typo.ok());
   CHECK(typo.status().code() == ErrorCode::kInvalidArgument);
   CHECK_THAT(typo.status().message(), Catch::Contains("malformed HMC_PATH"));
-  // A provider name nobody found: Context::create says so, as the docs promise, rather than
-  // every Communicator::create later. One found but not selected fails the pair there.
-  auto misspelt = Context::create({{{"HMC_PATH", "tpc"}}});
-  REQUIRE_FALSE(misspelt.ok());
-  CHECK(misspelt.status().code() == ErrorCode::kInvalidArgument);
-  CHECK_THAT(misspelt.status().message(), Catch::Contains("'tpc'") && Catch::Contains("tcp"));
+  // A provider name nobody found is warned about at Context::create (a typo, or a plugin
+  // this node lacks under a cluster-wide setting); the pairs that need it fail later.
+  CHECK(Context::create({{{"HMC_PATH", "tpc"}}}).ok());
   CHECK(Context::create({{{"HMC_PATH", "remote=tcp"}, {"HMC_PROVIDERS", "cpu,shm"}}}).ok());
   // A deadline under a millisecond is rounded up, not refused as "not positive".
   auto quick = Context::create({{{"HMC_TIMEOUT", "500us"}}});
