@@ -135,7 +135,6 @@ void IpcImports::pin(uint64_t id, LoadedProvider* by, std::size_t bytes) {
 void IpcImports::release(uint64_t id) {
   std::lock_guard lock(mu_);
   if (auto it = imports_.find(id); it != imports_.end() && it->second.uses > 0) --it->second.uses;
-  close_orphans();
 }
 
 void IpcImports::abandon(uint64_t id) {

@@ -58,7 +58,7 @@ class IpcImports {
   // A communicator talks to `exporter` from now on / no longer: once none does, its
   // imports are closed (they hold the peer's memory alive).
   // A detach while a stream waits on a flag cannot close them (close_idle): the next
-  // acquire or release that finds no flag pending does.
+  // acquire that finds no flag pending does.
   void attach(const std::string& exporter);
   void detach(const std::string& exporter);
   // How many imports are open (tests).
