@@ -560,11 +560,12 @@ void Provider::fail(Conn& c, int code, const std::string& why) {
   c.puts -= std::min<size_t>(c.puts, c.checking.size() + c.am_puts.size());
   c.checking.clear();
   c.am_puts.clear();
-  if (!peer_errors_) {
+  if (!peer_errors_ && code != HMC_PROV_ERR_CLOSED) {
     // Mode NONE: the shared endpoint stays open and UCX ends nothing that this connection
     // has under way with a peer that is gone (a rendezvous send waits for a fetch, a
-    // flush for its puts). Sends and flushes fail now, as close_conn's retire does; their
-    // late callbacks find no request. A get stays: UCX may still write its buffer.
+    // flush for its puts). Sends and flushes fail now, as close_conn's retire does once
+    // its wait is over (close_conn itself: CLOSED, left to that); their late callbacks
+    // find no request. A get stays: UCX may still write its buffer.
     for (Op* op : c.ops)
       if (op->req != nullptr && (op->type == Op::kSend || op->type == Op::kFlush)) {
         op->req->fail(code, why);
