@@ -33,7 +33,7 @@ TEST_CASE("net: a killed peer fails pending requests with PEER_LOST", "[net][pee
     // And a send the child never receives, large enough to go by rendezvous where the
     // provider has one (ucx): it must end too, not wait for a fetch that cannot come.
     // UCX without peer failure handling (UCX_TLS=shm) left it pending for good.
-    std::vector<char> big(4 << 20, 'x');
+    static std::vector<char> big(4 << 20, 'x');  // outlives a failed check's early exit
     void* big_req = nullptr;
     REQUIRE(s.p->send_msg(s.state, conn, big.data(), big.size(), &big_req) >= 0);
     child.kill();

@@ -364,7 +364,7 @@ TEST_CASE("ucx: close_conn ends a receive only once UCX no longer writes its buf
   REQUIRE(l.in != nullptr);
   REQUIRE(u.wait_up(l.in) == HMC_PROV_OK);
   REQUIRE(u.wait_up(l.out) == HMC_PROV_OK);
-  constexpr size_t kLen = size_t{256} << 20;
+  constexpr size_t kLen = size_t{128} << 20;
   std::vector<char> src(kLen, 's'), dst(kLen, 0);
   // Sampled when the receive was reported over (a copy of it all would take longer than
   // the fetch): the data comes in order, so its tail shows a fetch still under way.
@@ -376,7 +376,7 @@ TEST_CASE("ucx: close_conn ends a receive only once UCX no longer writes its buf
   REQUIRE(u.p->recv_msg(u.state, l.in, dst.data(), kLen, &rreq) == HMC_PROV_OK);
   REQUIRE(u.p->send_msg(u.state, l.out, src.data(), kLen, &sreq) == HMC_PROV_OK);
   // The fetch starts once the message's header is in: a few milliseconds of progress, far
-  // less than moving 256 MiB takes.
+  // less than moving 128 MiB takes.
   for (const auto until = Clock::now() + std::chrono::milliseconds(3); Clock::now() < until;) u.p->progress(u.state);
   int rc = 0, done = 0;
   std::thread watcher([&] {  // the application's other thread, polling the receive
@@ -395,6 +395,7 @@ TEST_CASE("ucx: close_conn ends a receive only once UCX no longer writes its buf
   size_t changed = 0;
   for (size_t k = 0; k < at.size(); ++k) changed += seen[k] != dst[at[k]];
   CHECK(changed == 0);  // nothing written after
+  CHECK(u.wait(sreq) <= 0);  // the send ends too (delivered, or failed with the connection)
   u.p->close_conn(u.state, l.out);
   u.p->close_listener(u.state, l.listener);
 }
