@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -23,12 +24,16 @@ namespace {
 
 std::string prefix() { return "hmc-shm-b" + boot_tag() + "-"; }
 
-// The pid in a socket_name of this boot, or 0 for any other name.
-pid_t owner_of(const char* name) {
+constexpr time_t kFreshSeconds = 60;
+
+// The pid in a socket_name of this boot, or 0 for any other name; `fresh`: the name a
+// listener has between bind and listen (".new" for ".sock").
+pid_t owner_of(const char* name, bool& fresh) {
   const std::string ours = prefix();
   const size_t len = std::strlen(name);
-  if (std::strncmp(name, ours.c_str(), ours.size()) != 0 || len < 5 || std::strcmp(name + len - 5, ".sock") != 0)
-    return 0;
+  if (std::strncmp(name, ours.c_str(), ours.size()) != 0) return 0;
+  fresh = len >= 4 && std::strcmp(name + len - 4, ".new") == 0;
+  if (!fresh && (len < 5 || std::strcmp(name + len - 5, ".sock") != 0)) return 0;
   const char* digits = name + ours.size();
   if (!std::isdigit(static_cast<unsigned char>(*digits))) return 0;
   char* end = nullptr;
@@ -79,12 +84,16 @@ int sweep_stale_sockets(const std::string& dir) {
   if (!d) return 0;
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
-    const pid_t pid = owner_of(e->d_name);
+    bool fresh = false;
+    const pid_t pid = owner_of(e->d_name, fresh);
     if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
     const std::string path = dir + "/" + e->d_name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) continue;
-    if (nobody_listens(path) && ::unlink(path.c_str()) == 0) ++removed;
+    // A listener keeps its ".new" name for the microseconds between bind and rename: one
+    // a minute old belongs to a process killed in between, whatever its pid namespace.
+    const bool stale = fresh ? ::time(nullptr) - st.st_mtime > kFreshSeconds : nobody_listens(path);
+    if (stale && ::unlink(path.c_str()) == 0) ++removed;
   }
   ::closedir(d);
   return removed;

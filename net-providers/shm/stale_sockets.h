@@ -18,8 +18,9 @@ std::string socket_name(unsigned long n, const std::string& random);
 // a stale file only if it was reused. Files of another boot tag are left alone: where the
 // folder is shared between hosts (HMC_SHM_DIR on NFS) a connect to another kernel's
 // socket is refused and its pids are not ours. A listener's file gets its name only once
-// it listens (bound under another name, then renamed), so no sweep takes it for dead
-// between bind and listen. Once per directory and process (later calls return 0).
+// it listens (bound under another name, ".new", then renamed), so no sweep takes it for
+// dead between bind and listen; a ".new" file over a minute old is swept (its process was
+// killed in between). Once per directory and process (later calls return 0).
 int sweep_stale_sockets(const std::string& dir);
 
 }  // namespace hmc_shm
