@@ -695,15 +695,10 @@ void CommImpl::repost_ctrl(Peer& p) {
 }
 
 bool CommImpl::progress_peer(Peer& p) {
-  bool any;
-  {
-    struct InPass {
-      Peer& p;
-      explicit InPass(Peer& peer) : p(peer) { p.in_pass = true; }
-      ~InPass() { p.in_pass = false; }
-    } in_pass(p);
-    any = progress_peer_pass(p);
-  }
+  // (Left set by an exception, losses would only wait for the next pass's end.)
+  p.in_pass = true;
+  const bool any = progress_peer_pass(p);
+  p.in_pass = false;
   // The connection failed in this pass (a send, or a receive it refused to take): the
   // messages it delivered into the slots before were taken; now the loss.
   if (!p.ending.ok()) {
