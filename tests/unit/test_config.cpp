@@ -97,7 +97,6 @@ TEST_CASE("sizes and durations parse alike whatever the locale", "[config]") {
 // Deadlines are now plus a duration in int64_t nanoseconds: HMC_CREDIT_WAIT=1e10 (seconds,
 // meant as never) wrapped into the past, and every held send went by rendezvous at once.
 TEST_CASE("a duration longer than ten years is refused with the reason", "[config]") {
-  CHECK(parse_duration("3650d") == std::nullopt);  // no such unit
   CHECK(parse_duration("87600h") == kMostDuration);
   CHECK_FALSE(parse_duration("87601h"));
   CHECK_FALSE(parse_duration("1e10"));

@@ -1,5 +1,11 @@
 // Path negotiation: candidates, reasons, cost ranking, HMC_PATH.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iterator>
 
 #include "core/path_negotiation.h"
 #include "hmc/context.h"
@@ -10,6 +16,25 @@ using namespace hmc;
 using namespace hmc::core;
 
 namespace {
+
+// What `fn` writes to standard error, where HMC logs.
+std::string stderr_of(const std::function<void()>& fn) {
+  char path[] = "/tmp/hmc-stderr-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(fd, 2);
+  fn();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unlink(path);
+  return text;
+}
 
 constexpr uint64_t kTcpCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
 constexpr uint64_t kShmCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
@@ -97,7 +122,10 @@ TEST_CASE("HMC_PATH forces a provider or fails with the reason", "[path]") {
   CHECK_THAT(typo.status().message(), Catch::Contains("malformed HMC_PATH"));
   // A provider name nobody found is warned about at Context::create (a typo, or a plugin
   // this node lacks under a cluster-wide setting); the pairs that need it fail later.
-  CHECK(Context::create({{{"HMC_PATH", "tpc"}}}).ok());
+  bool made = false;
+  const std::string said = stderr_of([&] { made = Context::create({{{"HMC_PATH", "tpc"}}}).ok(); });
+  CHECK(made);
+  CHECK_THAT(said, Catch::Contains("HMC_PATH forces 'tpc'") && Catch::Contains("tcp"));
   CHECK(Context::create({{{"HMC_PATH", "remote=tcp"}, {"HMC_PROVIDERS", "cpu,shm"}}}).ok());
   // A deadline under a millisecond is rounded up, not refused as "not positive".
   auto quick = Context::create({{{"HMC_TIMEOUT", "500us"}}});

@@ -8,13 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "hmc/context.h"
+#include "shm/stale_sockets.h"
+
+using hmc_shm::boot_tag;
 
 using namespace hmc;
 namespace fs = std::filesystem;
@@ -40,15 +42,6 @@ pid_t gone_pid() {
   REQUIRE(pid > 0);
   REQUIRE(::waitpid(pid, nullptr, 0) == pid);
   return pid;
-}
-
-// This boot's tag in socket names (net-providers/shm/stale_sockets.h), read as shm reads it.
-std::string boot_tag() {
-  std::string id, hex;
-  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), id);
-  for (char c : id)
-    if (std::isxdigit(static_cast<unsigned char>(c)) && hex.size() < 8) hex += static_cast<char>(std::tolower(c));
-  return hex.size() == 8 ? hex : "0";
 }
 
 struct TempDir {
