@@ -137,7 +137,7 @@ class ShmColl final : public DriverOp {
   bool advance() override {
     bool moved = false;
     while (!finished_) {
-      if (check_failed()) return true;  // finalized: not one more round into the buffers
+      if (check_failed(false)) return true;  // finalized: not one more round into the buffers
       if (draining_) {  // the others may still be reading this rank's buffers
         if (!everyone_at(done_off, seq(rounds_.count - 1))) break;
         finish();
@@ -150,7 +150,8 @@ class ShmColl final : public DriverOp {
       }
       if (current_ < published_) {
         if (Status s = run_round(step); !s.ok()) {
-          fail(s);
+          const Status lost = segs_->failed();  // a lost peer's memory cannot be read across
+          fail(lost.ok() ? s : lost);
           return true;
         }
       }
@@ -158,7 +159,7 @@ class ShmColl final : public DriverOp {
       moved = true;
     }
     if (finished_) return moved;
-    return check_failed() || moved;
+    return check_failed(true) || moved;
   }
 
  private:
@@ -382,8 +383,11 @@ class ShmColl final : public DriverOp {
     }
   }
 
-  bool check_failed() {
-    if (Status s = segs_->failed(); !s.ok()) {
+  // Finalize or abort here stops the collective at once. A peer lost stops it only once
+  // it is `stuck`: what the peer published before it left is still in its segment, so a
+  // round whose inputs were all up completes, as it did on the peer.
+  bool check_failed(bool stuck) {
+    if (Status s = segs_->failed(); !s.ok() && (stuck || s.code() != ErrorCode::kPeerLost)) {
       fail(s);
       return true;
     }

@@ -10,10 +10,11 @@
 // one is read. Reductions run in rank order, so every rank gets the same bits. all_reduce
 // reduces small rounds whole on every rank, larger ones a share per rank, published in the
 // rank's own slot for the others to gather; reduce does the same for its root alone;
-// reduce_scatter reduces each rank's block on that rank. In a broadcast only the root's slot carries data; a barrier is one round with
-// none. Nothing here blocks: what cannot happen yet waits for
-// the next progress pass (collectives/driver.h). A peer lost or the communicator aborted
-// fails a pending collective with that reason.
+// reduce_scatter reduces each rank's block on that rank. In a broadcast only the root's
+// slot carries data; a barrier is one round with none. Nothing here blocks: what cannot
+// happen yet waits for the next progress pass (collectives/driver.h). The communicator
+// finalized or aborted fails a pending collective at once; a peer lost fails it once it
+// cannot go on, so rounds whose inputs the peer had published still complete.
 #pragma once
 
 #include <memory>

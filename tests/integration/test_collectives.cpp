@@ -1254,6 +1254,48 @@ TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][er
   }
 }
 
+// What a rank that then left had already put in the shared segments still counts: rank 1
+// posts its input, then makes no progress while rank 0 completes and leaves; its
+// collective must complete as rank 0's did, not fail on the loss noticed meanwhile (CI
+// saw a barrier fail so after its peer's abort). The message path is covered by
+// test_p2p's "arrived before its sender died".
+TEST_CASE("a collective whose inputs were all up when a peer left still completes", "[collectives][errors]") {
+  std::vector<std::string> paths{"segments"};
+  for (const auto& provider : test::available_net_providers()) paths.push_back(provider);
+  for (const auto& path : paths)
+  for (const char* kind : {"barrier", "all_reduce"}) {
+    DYNAMIC_SECTION(path << " " << kind) {
+      auto s = path == "segments" ? settings() : settings("cpu," + path);
+      if (path == "segments") s["HMC_SHM_COLL"] = "1";
+      s["HMC_TIMEOUT"] = "20s";
+      const bool is_barrier = std::string(kind) == "barrier";
+      auto exits = test::run_ranks(2, s, [is_barrier](RankEnv& e) -> int {
+        HMC_EXPECT_OK(e.comm.barrier());
+        std::vector<int32_t> v(100, e.rank + 1), out(100, 0);
+        auto start = [&] {
+          return is_barrier ? barrier(e.comm)
+                            : all_reduce(e.comm, v.data(), out.data(), v.size(), DataType::kInt32, ReduceOp::kSum);
+        };
+        if (e.rank == 1) {
+          Request r = start();  // this rank's input goes up here
+          usleep(500000);       // rank 0 completes and leaves meanwhile
+          HMC_EXPECT_OK(r.wait(std::chrono::seconds(20)));
+        } else {
+          usleep(100000);
+          HMC_EXPECT_OK(start().wait(std::chrono::seconds(20)));
+        }
+        for (std::size_t i = 0; !is_barrier && i < out.size(); ++i)
+          HMC_EXPECT(out[i] == 3, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+        if (e.rank == 0) _exit(0);  // leaves without finalizing
+        e.comm.abort();
+        return 0;
+      }, std::chrono::seconds(60));
+      INFO(test::describe(exits));
+      REQUIRE(test::all_ok(exits));
+    }
+  }
+}
+
 // A collective that failed may still have transfers of its buffers under way with the
 // ranks that are left (docs/collectives.md, "Errors"); once abort() returns nothing touches
 // them. Rank 2 leaves in the middle of a 16 MiB all_reduce; the others, once theirs
