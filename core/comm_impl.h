@@ -213,11 +213,9 @@ class CommImpl : public Progressable {
     LoadedProvider* net = nullptr;  // null for self
     void* conn = nullptr;
     Status lost;  // ok while alive
-    // The connection failed during a pass of progress_peer: marked lost at the pass's end,
-    // once the messages it had delivered into the control slots are taken.
+    // The connection failed (lose()): marked lost at the end of the next progress_peer,
+    // once the messages it had delivered before are taken.
     Status ending;
-    // Inside progress_peer for this peer: a loss seen then waits for the pass's end.
-    bool in_pass = false;
     // The control plane lost the peer: until when its connection may still deliver (p2p.cpp).
     std::optional<Clock::time_point> leaving;
     std::vector<CtrlSlot> ctrl;
@@ -258,7 +256,7 @@ class CommImpl : public Progressable {
   Status setup(const UniqueId& id);
   Status connect_all(const Secret& secret, Clock::time_point deadline);
   Status check_hello(const Hello& h, const std::string& provider, const Secret& secret) const;
-  void post_ctrl_recv(Peer& p, CtrlSlot& slot, bool defer = false);  // defer: see Peer::ending
+  void post_ctrl_recv(Peer& p, CtrlSlot& slot);
   // Posts again the control slots that took a message (Peer::repost), in ring order from
   // next_ctrl: the provider fills receives in the order they were posted. A pass leaves
   // that to the next one unless it comes round the whole ring: the pass that completed a
@@ -287,7 +285,7 @@ class CommImpl : public Progressable {
   Status track(Peer& p, int rc, void* req, OnEnd end, const char* what, std::shared_ptr<MsgBuf> msg = nullptr);
   // Tests `req` once: when it ended, runs `done` with how (a lost peer marked lost) and
   // returns true; false while it is pending (the request is then still the caller's).
-  bool ended(Peer& p, void* req, const OnEnd& end, bool defer = false);  // defer: see Peer::ending
+  bool ended(Peer& p, void* req, const OnEnd& end);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
@@ -361,8 +359,9 @@ class CommImpl : public Progressable {
   // (kCtsRefused with the error code), unless the peer is lost or the communicator closing.
   void fail_receiver(Peer& p, uint64_t receiver_id, const Status& why);
   void mark_lost(Peer& p, Status why);
-  // mark_lost now, or with `defer` at the end of the progress_peer pass (Peer::ending).
-  void lose(Peer& p, const Status& why, bool defer);
+  // The provider says p's connection failed: mark_lost once what it delivered before is
+  // taken, at the end of the next progress_peer (Peer::ending).
+  void lose(Peer& p, const Status& why);
   Status aborted_if_closing(Status s) const;
   // Sends the NOTIFYs at the head of p.notify_after whose puts completed (put.cpp).
   void release_notifies(Peer& p);
@@ -371,7 +370,7 @@ class CommImpl : public Progressable {
   void send_notify(Peer& p, uint64_t value, OnEnd done);
   Status setup_segments(const Card& mine, Clock::time_point deadline);
   bool progress_peer(Peer& p);
-  bool progress_peer_pass(Peer& p);  // progress_peer's work, with Peer::in_pass set
+  bool progress_peer_pass(Peer& p);  // one pass of progress_peer's work
   void fail_all(const Status& why);
   // Fails (and forgets) p's posted receives and rendezvous under way.
   void fail_pending(Peer& p, const Status& why);

@@ -97,7 +97,8 @@ bool CommImpl::release_held(Peer& p) {
   if (p.held.empty() || state_.load() != 0) return false;
   const auto now = Clock::now();
   bool any = false;
-  // A send that starts may lose the peer, which fails and clears p.held (fail_pending).
+  // A send refused here fails alone; the loss (Peer::ending), which fails and clears
+  // p.held (fail_pending), comes at the end of the pass.
   while (!p.held.empty()) {
     const HeldSend& h = p.held.front();
     if (short_of_credit(p, h.bytes, h.device) && now < h.until) break;

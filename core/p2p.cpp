@@ -71,10 +71,9 @@ Status CommImpl::track(Peer& p, int rc, void* req, OnEnd end, const char* what, 
   if (rc != 0 || !req) {
     Status s = from_provider(rc, nullptr, std::string(what) + " to " + describe(p));
     end(s);
-    // Refused at once during a pass over this peer (a CTS or credit answering a message
-    // taken from a control slot): the slots after it may hold messages that arrived
-    // before the end, so the loss waits for the pass's end (Peer::ending).
-    if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s, p.in_pass);
+    // Refused at once (a CTS or credit answering a message just taken): messages that
+    // arrived before the end may still wait in the slots and the provider (Peer::ending).
+    if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s);
     return s;
   }
   p.inflight.push_back({req, std::move(end), std::move(msg)});
@@ -109,12 +108,12 @@ void CommImpl::post_msg(Peer& p, MsgType type, uint64_t tag, uint64_t id, uint64
   (void)track(p, rc, req, std::move(end), "send", std::move(msg));
 }
 
-void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot, bool defer) {
+void CommImpl::post_ctrl_recv(Peer& p, CtrlSlot& slot) {
   slot.req = nullptr;
   int rc = p.net->net->recv_msg(p.net->state, p.conn, slot.buf.data(), slot.buf.size(), &slot.req);
   if (rc != 0) {
     slot.req = nullptr;
-    lose(p, from_provider(rc, nullptr, "receive from " + describe(p)), defer);
+    lose(p, from_provider(rc, nullptr, "receive from " + describe(p)));
   }
 }
 
@@ -667,7 +666,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   p.conn = nullptr;
 }
 
-bool CommImpl::ended(Peer& p, void* req, const OnEnd& end, bool defer) {
+bool CommImpl::ended(Peer& p, void* req, const OnEnd& end) {
   int finished = 0;
   std::size_t bytes = 0;
   char message[256];
@@ -677,31 +676,31 @@ bool CommImpl::ended(Peer& p, void* req, const OnEnd& end, bool defer) {
   message[sizeof(message) - 1] = 0;  // a provider that filled it to the end
   Status s = rc == 0 ? Status{} : aborted_if_closing(from_provider(rc, message, describe(p)));
   end(s);
-  if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s, defer);
+  if (rc == HMC_PROV_ERR_PEER_LOST) lose(p, s);
   return true;
 }
 
-void CommImpl::lose(Peer& p, const Status& why, bool defer) {
-  if (!defer) mark_lost(p, why);
-  else if (p.ending.ok()) p.ending = why;
+void CommImpl::lose(Peer& p, const Status& why) {
+  if (!p.lost.ok()) return;
+  if (p.ending.ok()) p.ending = why;
+  events_.rescan();  // outside a pass: the next one drains, then marks the loss
 }
 
 void CommImpl::repost_ctrl(Peer& p) {
   p.repost = false;
-  for (std::size_t k = 0; k < p.ctrl.size() && p.lost.ok() && p.ending.ok(); ++k) {
+  for (std::size_t k = 0; k < p.ctrl.size() && p.lost.ok(); ++k) {
     CtrlSlot& slot = p.ctrl[(p.next_ctrl + k) % p.ctrl.size()];
-    if (!slot.req) post_ctrl_recv(p, slot, true);
+    if (!slot.req) post_ctrl_recv(p, slot);
   }
 }
 
 bool CommImpl::progress_peer(Peer& p) {
-  // (Left set by an exception, losses would only wait for the next pass's end.)
-  p.in_pass = true;
-  const bool any = progress_peer_pass(p);
-  p.in_pass = false;
-  // The connection failed in this pass (a send, or a receive it refused to take): the
-  // messages it delivered into the slots before were taken; now the loss.
+  bool any = progress_peer_pass(p);
+  // The connection failed (a send or receive refused, a request failed): what it had
+  // delivered before is taken first, into the slots still posted and through the
+  // provider's queue, in passes while they find something; then the loss.
   if (!p.ending.ok()) {
+    for (int pass = 0; pass < kDrainPasses && p.lost.ok() && progress_peer_pass(p); ++pass) any = true;
     if (p.lost.ok()) mark_lost(p, p.ending);
     p.ending = {};
   }
@@ -717,7 +716,7 @@ bool CommImpl::progress_peer_pass(Peer& p) {
     current.clear();
     std::swap(current, p.inflight);
     for (auto& f : current) {
-      if (!ended(p, f.req, f.end, true)) { p.inflight.push_back(std::move(f)); continue; }
+      if (!ended(p, f.req, f.end)) { p.inflight.push_back(std::move(f)); continue; }
       any = true;
     }
     current.clear();

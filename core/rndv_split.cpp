@@ -50,8 +50,8 @@ bool CommImpl::start_split(Peer& p, RecvOp& r, uint64_t sender_id, const uint8_t
   // the sender's half should run meanwhile.
   post_msg(p, MsgType::kCts, kCtsSplit, sender_id, head, id, mine.data(), mine.size(), nullptr);
   r.key = std::move(mine);
-  // That send failed at once and lost the peer (outside a pass over it; inside one the
-  // loss waits for the pass's end, Peer::ending): nothing will come.
+  // That send, or an earlier one, found the connection failed (the loss is marked at the
+  // end of the next pass over the peer, Peer::ending): nothing will come.
   if (!p.lost.ok() || !p.ending.ok()) {
     const Status why = p.lost.ok() ? p.ending : p.lost;
     release_recv(p, r);

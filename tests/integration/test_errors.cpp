@@ -28,11 +28,14 @@ std::map<std::string, std::string> fast(const std::string& provider = "tcp") {
 
 // Runs `body` on two ranks over every net provider here (or those in `only`); rank 1 kills
 // itself in it.
-void with_killed_peer(const std::vector<std::string>& only, const std::function<int(RankEnv&)>& body) {
+void with_killed_peer(const std::vector<std::string>& only, const std::function<int(RankEnv&)>& body,
+                      const std::map<std::string, std::string>& extra = {}) {
   for (const auto& provider : test::available_net_providers()) {
     if (!only.empty() && std::find(only.begin(), only.end(), provider) == only.end()) continue;
     DYNAMIC_SECTION(provider) {
-      auto exits = test::run_ranks(2, fast(provider), body, std::chrono::seconds(60));
+      auto settings = fast(provider);
+      for (const auto& [k, v] : extra) settings[k] = v;
+      auto exits = test::run_ranks(2, settings, body, std::chrono::seconds(60));
       INFO(test::describe(exits));
       REQUIRE(exits[0].exit_code == 0);
       REQUIRE(exits[1].signal == SIGKILL);
@@ -709,4 +712,82 @@ TEST_CASE("messages a dying peer sent while the receiver receives all arrive", "
     e.comm.abort();
     return 0;
   });
+}
+
+// Taking the 4th of 16 KiB messages crosses a quarter of the 256 KiB eager window, so
+// rank 0 sends credit in the pass that takes the first four from the control slots; the
+// connection having failed, that send is refused at once. The other eight sat in the
+// provider's queue: core stopped posting slots at the refusal and marked the peer lost at
+// the pass's end, failing their receives. tcp and shm only, as above.
+TEST_CASE("messages queued behind a refused credit send are still received", "[errors][peer-lost]") {
+  with_killed_peer({"tcp", "shm"}, [](RankEnv& e) {
+    constexpr int kMessages = 12;
+    constexpr std::size_t kBytes = 16 << 10;
+    HMC_EXPECT_OK(e.comm.barrier());
+    if (e.rank == 1) {
+      std::vector<std::vector<uint8_t>> msgs;
+      std::vector<Request> sends;
+      for (int i = 0; i < kMessages; ++i) {
+        msgs.push_back(test::random_bytes(kBytes, 500 + i));
+        sends.push_back(e.comm.isend(msgs.back().data(), kBytes, 0, static_cast<uint64_t>(i)));
+      }
+      HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+      raise(SIGKILL);
+    }
+    std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes, 0));
+    std::vector<Request> recvs;
+    for (int i = 0; i < kMessages; ++i) recvs.push_back(e.comm.irecv(got[i].data(), kBytes, 1, static_cast<uint64_t>(i)));
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // no progress here meanwhile
+    for (int i = 0; i < kMessages; ++i) {
+      Status s = recvs[i].wait();
+      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
+      HMC_EXPECT(got[i] == test::random_bytes(kBytes, 500 + i), "message " + std::to_string(i) + " differs");
+    }
+    e.comm.abort();
+    return 0;
+  }, {{"HMC_EAGER_LIMIT", "16K"}, {"HMC_EAGER_WINDOW", "256K"}});
+}
+
+// The same refusal outside a pass: an irecv that matches a message core already holds
+// sends credit from the caller's thread. Core marked the peer lost right there, failing a
+// receive posted before whose message sat in a control slot, and every later receive of
+// the messages still queued. Rank 0 first takes four messages into core (a receive of a
+// later marker passes them), then lets rank 1 send eight more and die.
+TEST_CASE("a credit refused outside a pass still leaves the arrived messages to their receives", "[errors][peer-lost]") {
+  with_killed_peer({"tcp", "shm"}, [](RankEnv& e) {
+    constexpr int kFirst = 4, kMessages = 12;
+    constexpr std::size_t kBytes = 16 << 10;
+    auto payload = [](int i) { return test::random_bytes(kBytes, 700 + i); };
+    char go = 0;
+    HMC_EXPECT_OK(e.comm.barrier());
+    if (e.rank == 1) {
+      std::vector<std::vector<uint8_t>> msgs;
+      std::vector<Request> sends;
+      for (int i = 0; i < kMessages; ++i) {
+        msgs.push_back(payload(i));
+        if (i == kFirst) {
+          HMC_EXPECT_OK(e.comm.send(&go, 1, 0, 100));  // the marker
+          HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 101));
+        }
+        sends.push_back(e.comm.isend(msgs.back().data(), kBytes, 0, static_cast<uint64_t>(i)));
+      }
+      HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+      raise(SIGKILL);
+    }
+    HMC_EXPECT_OK(e.comm.recv(&go, 1, 1, 100));  // messages 0-3 are in core now
+    HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 101));
+    std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes, 0));
+    std::vector<Request> recvs(kMessages);
+    recvs[kFirst] = e.comm.irecv(got[kFirst].data(), kBytes, 1, kFirst);
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // rank 1 sends and dies; no progress here
+    for (int i = 0; i < kMessages; ++i)
+      if (i != kFirst) recvs[i] = e.comm.irecv(got[i].data(), kBytes, 1, static_cast<uint64_t>(i));
+    for (int i = 0; i < kMessages; ++i) {
+      Status s = recvs[i].wait();
+      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
+      HMC_EXPECT(got[i] == payload(i), "message " + std::to_string(i) + " differs");
+    }
+    e.comm.abort();
+    return 0;
+  }, {{"HMC_EAGER_LIMIT", "16K"}, {"HMC_EAGER_WINDOW", "256K"}});
 }
