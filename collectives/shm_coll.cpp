@@ -150,7 +150,7 @@ class ShmColl final : public DriverOp {
       }
       if (current_ < published_) {
         if (Status s = run_round(step); !s.ok()) {
-          const Status lost = segs_->failed();  // a lost peer's memory cannot be read across
+          const Status lost = segs_->loss();  // a lost peer's memory cannot be read across
           fail(lost.ok() ? s : lost);
           return true;
         }
@@ -384,13 +384,23 @@ class ShmColl final : public DriverOp {
   }
 
   // Finalize or abort here stops the collective at once. A peer lost stops it only once
-  // it is `stuck`: what the peer published before it left is still in its segment, so a
-  // round whose inputs were all up completes, as it did on the peer.
+  // it is `stuck` and a lost rank had not finished this collective: what a peer published
+  // before it left stays in its segment, so rounds whose inputs were all up complete, as
+  // they did on the peer, and a rank stuck only on live ones waits for them (a reduce's
+  // root for a slow rank's share, while another rank finished and left).
   bool check_failed(bool stuck) {
-    if (Status s = segs_->failed(); !s.ok() && (stuck || s.code() != ErrorCode::kPeerLost)) {
-      fail(s);
-      return true;
-    }
+    if (!segs_->any_failure()) return false;
+    Status s = segs_->stopped();
+    if (s.ok() && stuck && lost_rank_behind()) s = segs_->loss();
+    if (s.ok()) return false;
+    fail(s);
+    return true;
+  }
+
+  bool lost_rank_behind() const {
+    const uint64_t last = seq(rounds_.count - 1);
+    for (int r = 0; r < segs_->size(); ++r)
+      if (segs_->lost(r) && word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) < last) return true;
     return false;
   }
 

@@ -17,7 +17,7 @@
 namespace hmc::core {
 
 HostSegments::HostSegments(LoadedProvider* cpu, void* own, int rank, int size)
-    : cpu_(cpu), own_(own), rank_(rank), base_(size, nullptr), pids_(size, 0) {
+    : cpu_(cpu), own_(own), rank_(rank), base_(size, nullptr), pids_(size, 0), lost_(size, false) {
   base_[rank] = static_cast<uint8_t*>(own);
 }
 
@@ -29,11 +29,40 @@ HostSegments::~HostSegments() {
 void HostSegments::fail(const Status& why) {
   {
     std::lock_guard lock(mu_);
-    if (!failed_.ok()) return;
-    failed_ = why;
+    if (!stopped_.ok()) return;
+    stopped_ = why;
     has_failed_.store(true, std::memory_order_release);
   }
   ring_own();
+}
+
+void HostSegments::lose(int rank, const Status& why) {
+  {
+    std::lock_guard lock(mu_);
+    if (lost_[rank]) return;
+    lost_[rank] = true;
+    if (loss_.ok()) loss_ = why;
+    has_failed_.store(true, std::memory_order_release);
+  }
+  ring_own();
+}
+
+Status HostSegments::stopped() const {
+  if (!any_failure()) return {};
+  std::lock_guard lock(mu_);
+  return stopped_;
+}
+
+Status HostSegments::loss() const {
+  if (!any_failure()) return {};
+  std::lock_guard lock(mu_);
+  return loss_;
+}
+
+bool HostSegments::lost(int rank) const {
+  if (!any_failure()) return false;
+  std::lock_guard lock(mu_);
+  return lost_[rank];
 }
 
 uint32_t HostSegments::begin_sleep() {
@@ -61,12 +90,6 @@ void HostSegments::ring_peers() {
 void HostSegments::ring(int rank) {
   word32(rank, kBellOff).fetch_add(1, std::memory_order_release);
   syscall(SYS_futex, base_[rank] + kBellOff, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-Status HostSegments::failed() const {
-  if (!has_failed_.load(std::memory_order_acquire)) return {};
-  std::lock_guard lock(mu_);
-  return failed_;
 }
 
 // Every rank decides from the same cards whether to try; then each exports its segment,

@@ -7,8 +7,8 @@
 // itself (memfd memory; not through Context::alloc, which may hand host memory to a net
 // provider), exported and imported through the cpu provider's IPC, as device_path.cpp
 // does for GPUs. Users hold it by shared_ptr: the mappings outlive the communicator while a
-// collective still refers to them. fail() records why no collective may wait on them any
-// more (a peer lost, the communicator aborted); users check failed() while they wait.
+// collective still refers to them. fail() and lose() record why a collective may stop
+// waiting on them (the communicator aborted, a peer lost); users check while they wait.
 #pragma once
 
 #include <atomic>
@@ -57,8 +57,14 @@ class HostSegments {
   // setup, alike on every rank), and the process to read rank r's from.
   bool cma() const { return cma_; }
   int pid(int rank) const { return pids_[rank]; }
-  void fail(const Status& why);  // also rings the own bell: sleepers see it at once
-  Status failed() const;
+  // Why collectives may stop waiting on them: fail() for this rank's own end (finalize,
+  // abort), lose() for a peer lost. Both ring the own bell: sleepers see it at once.
+  void fail(const Status& why);
+  void lose(int rank, const Status& why);
+  bool any_failure() const { return has_failed_.load(std::memory_order_acquire); }  // either
+  Status stopped() const;     // fail()'s first reason, or ok
+  Status loss() const;        // lose()'s first reason, or ok
+  bool lost(int rank) const;  // whether lose() named this rank
 
   // Sleeping until a peer writes (ProgressEngine::wait_until). A waiter takes the bell's
   // value and counts itself in (begin_sleep), checks once more what it waits for, then
@@ -90,10 +96,11 @@ class HostSegments {
   std::vector<void*> imported_;    // what ipc_close must release
   std::vector<int> pids_;
   bool cma_ = false;
-  std::atomic<bool> has_failed_{false};  // polled by every wait; failed_ only once set
+  std::atomic<bool> has_failed_{false};  // polled by every wait; what mu_ guards only once set
   std::atomic<int> pending_{0};
   mutable std::mutex mu_;
-  Status failed_;
+  Status stopped_, loss_;
+  std::vector<bool> lost_;
 };
 
 }  // namespace hmc::core

@@ -658,7 +658,8 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   if (state_.load() == 0 && !finalizing_.load()) HMC_LOG("core", warn, "peer lost: {}", why.message());
   else HMC_LOG("core", debug, "peer closing: {}", why.message());
   p.lost = why;
-  if (segments_) segments_->fail(why);
+  if (segments_ && why.code() == ErrorCode::kAborted) segments_->fail(why);  // this rank's abort under way
+  else if (segments_) segments_->lose(p.rank, why);
   fail_pending(p, why);
   // The handle goes with the connection: a provider may give its address to a connection
   // made later (another communicator's), which a stale send would then reach.

@@ -1296,6 +1296,31 @@ TEST_CASE("a collective whose inputs were all up when a peer left still complete
   }
 }
 
+// A rank stuck only on live ranks waits for them, whoever left meanwhile: a reduce's
+// root gathers the ranks' reduced shares; rank 2 completes (its share is up) and leaves
+// while rank 1, slow, has not reduced its share yet. The root failed with kPeerLost on its
+// first pass that found nothing to do.
+TEST_CASE("a reduce's root waits for a slow rank's share while another rank left", "[collectives][errors]") {
+  auto s = settings();
+  s["HMC_SHM_COLL"] = "1";
+  s["HMC_TIMEOUT"] = "20s";
+  auto exits = test::run_ranks(3, s, [](RankEnv& e) -> int {
+    HMC_EXPECT_OK(e.comm.barrier());
+    // 64 KiB of int32: more than a whole-round reduce reads, so each rank reduces a share.
+    std::vector<int32_t> v(16384, e.rank + 1), out(v.size(), 0);
+    Request r = reduce(e.comm, v.data(), out.data(), v.size(), DataType::kInt32, ReduceOp::kSum, 0);
+    if (e.rank == 1) usleep(1000000);  // its input is up, its share not yet
+    HMC_EXPECT_OK(r.wait(std::chrono::seconds(20)));
+    if (e.rank == 2) _exit(0);  // done, and leaves without finalizing
+    for (std::size_t i = 0; e.rank == 0 && i < out.size(); ++i)
+      HMC_EXPECT(out[i] == 6, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+    e.comm.abort();
+    return 0;
+  }, std::chrono::seconds(60));
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 // A collective that failed may still have transfers of its buffers under way with the
 // ranks that are left (docs/collectives.md, "Errors"); once abort() returns nothing touches
 // them. Rank 2 leaves in the middle of a 16 MiB all_reduce; the others, once theirs
