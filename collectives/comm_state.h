@@ -26,6 +26,9 @@ class CclLink;  // ccl.cpp
 struct ShmSeq {
   std::atomic<uint64_t> next{0};
   std::atomic<uint64_t> finished{0};
+  // A collective over the segments failed here: the later ones, which wait for its rounds
+  // to finish (`finished`), never run; after a loss they fail rather than wait.
+  std::atomic<bool> failed{false};
 };
 
 struct CommState {

@@ -150,7 +150,8 @@ class ShmColl final : public DriverOp {
       }
       if (current_ < published_) {
         if (Status s = run_round(step); !s.ok()) {
-          const Status lost = segs_->loss();  // a lost peer's memory cannot be read across
+          // A lost peer's memory cannot be read across processes: the loss is the reason.
+          const Status lost = rounds_.cma ? segs_->loss() : Status{};
           fail(lost.ok() ? s : lost);
           return true;
         }
@@ -384,23 +385,42 @@ class ShmColl final : public DriverOp {
   }
 
   // Finalize or abort here stops the collective at once. A peer lost stops it only once
-  // it is `stuck` and a lost rank had not finished this collective: what a peer published
-  // before it left stays in its segment, so rounds whose inputs were all up complete, as
-  // they did on the peer, and a rank stuck only on live ones waits for them (a reduce's
-  // root for a slow rank's share, while another rank finished and left).
+  // it is `stuck` on what a lost rank never wrote: what a peer published before it left
+  // stays in its segment, so rounds whose inputs were all up complete, as they did on the
+  // peer, and a rank stuck only on live ones waits for them (a reduce's root for a slow
+  // rank's share, while another rank finished and left).
   bool check_failed(bool stuck) {
     if (!segs_->any_failure()) return false;
     Status s = segs_->stopped();
-    if (s.ok() && stuck && lost_rank_behind()) s = segs_->loss();
+    if (s.ok() && stuck && held_back_by_loss()) s = segs_->loss();
     if (s.ok()) return false;
     fail(s);
     return true;
   }
 
-  bool lost_rank_behind() const {
-    const uint64_t last = seq(rounds_.count - 1);
+  // A lost rank has not written a word this rank waits for, or this rank waits for an
+  // earlier collective of its own that failed (ShmSeq::failed).
+  bool held_back_by_loss() const {
+    if (state_->failed.load(std::memory_order_acquire)) return true;
     for (int r = 0; r < segs_->size(); ++r)
-      if (segs_->lost(r) && word(segs_->of(r), kDoneOff).load(std::memory_order_acquire) < last) return true;
+      if (segs_->lost(r) && holds_back(r)) return true;
+    return false;
+  }
+
+  // Whether rank r's words hold this collective back (advance()'s waits, in its order).
+  bool holds_back(int r) const {
+    uint8_t* seg = segs_->of(r);
+    const uint64_t done = word(seg, kDoneOff).load(std::memory_order_acquire);
+    if (draining_) return done < seq(rounds_.count - 1);
+    if (published_ < rounds_.count && published_ <= current_ + 1) {
+      const uint64_t s = seq(published_);
+      if (s > 2 && done < s - 2) return true;
+    }
+    if (current_ < published_) {
+      const uint64_t s = seq(current_);
+      if (!reduced_) return word(seg, seq_off(slot(s))).load(std::memory_order_acquire) != (s | call_);
+      return word(seg, red_off(slot(s))).load(std::memory_order_acquire) < s;
+    }
     return false;
   }
 
@@ -413,6 +433,7 @@ class ShmColl final : public DriverOp {
   void fail(const Status& why) {
     if (finished_) return;
     finished_ = true;
+    state_->failed.store(true, std::memory_order_release);
     end_wait();
     result_->fail({why.code(), std::string(coll_kind_name(w_.kind)) + ": " + why.message()});
   }

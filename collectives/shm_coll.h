@@ -14,7 +14,8 @@
 // slot carries data; a barrier is one round with none. Nothing here blocks: what cannot
 // happen yet waits for the next progress pass (collectives/driver.h). The communicator
 // finalized or aborted fails a pending collective at once; a peer lost fails it once it
-// cannot go on, so rounds whose inputs the peer had published still complete.
+// waits for what that peer never published, so rounds whose inputs the peer had
+// published still complete.
 #pragma once
 
 #include <memory>

@@ -283,7 +283,7 @@ class CommImpl : public Progressable {
   // Keeps a provider request until it ends; a call that failed at once (rc, or no request)
   // runs `done` with the error now and returns it.
   Status track(Peer& p, int rc, void* req, OnEnd end, const char* what, std::shared_ptr<MsgBuf> msg = nullptr);
-  // Tests `req` once: when it ended, runs `done` with how (a lost peer marked lost) and
+  // Tests `req` once: when it ended, runs `done` with how (a lost connection: lose()) and
   // returns true; false while it is pending (the request is then still the caller's).
   bool ended(Peer& p, void* req, const OnEnd& end);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);

@@ -527,8 +527,8 @@ std::optional<IpcOffer> CommImpl::ipc_offer(const Peer& p, const RecvOp& r, uint
 }
 
 void CommImpl::on_cts_ipc(Peer& p, const WireHeader& h, const uint8_t* payload, std::size_t len) {
-  // Out of the table before the write: a copy that ends at once runs `fin`, whose FIN may
-  // find the peer lost, and mark_lost clears the table.
+  // Out of the table before the write: a copy that ends at once runs `fin`, and the peer
+  // may be found lost then (mark_lost clears the table).
   std::optional<SendOp> taken = take_send(p, h.id);
   if (!taken) return;
   auto offer = decode_offer(payload, len);
@@ -658,7 +658,7 @@ void CommImpl::mark_lost(Peer& p, Status why) {
   if (state_.load() == 0 && !finalizing_.load()) HMC_LOG("core", warn, "peer lost: {}", why.message());
   else HMC_LOG("core", debug, "peer closing: {}", why.message());
   p.lost = why;
-  if (segments_ && why.code() == ErrorCode::kAborted) segments_->fail(why);  // this rank's abort under way
+  if (segments_ && why.code() == ErrorCode::kAborted) segments_->fail(why);  // closing (aborted_if_closing, CLOSED)
   else if (segments_) segments_->lose(p.rank, why);
   fail_pending(p, why);
   // The handle goes with the connection: a provider may give its address to a connection

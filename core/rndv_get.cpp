@@ -107,8 +107,8 @@ void CommImpl::on_got(Peer& p, uint64_t id, uint64_t sender_id, const Status& s)
   RecvOp& r = it->second;
   r.getting = false;
   if (s.ok() && r.error.ok()) {
-    // Out of the map before the GET_DONE: a send that fails at once marks the peer lost,
-    // which fails and erases what is still there (all of this receive's bytes are here).
+    // Out of the map before the GET_DONE: once the peer is marked lost, what is still there
+    // fails and is erased (all of this receive's bytes are here).
     // A split receive still waiting for the FIN of the sender's part stays (RecvOp::parts).
     const uint64_t bytes = r.bytes;
     std::optional<RecvOp> done;
