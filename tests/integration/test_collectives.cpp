@@ -1255,6 +1255,20 @@ TEST_CASE("a lost peer fails the collective on the survivors", "[collectives][er
   }
 }
 
+// Collectives over the shared segments, ending well before the test's deadline.
+std::map<std::string, std::string> segment_settings() {
+  auto s = settings();
+  s["HMC_SHM_COLL"] = "1";
+  s["HMC_TIMEOUT"] = "20s";
+  return s;
+}
+
+int expect_each(const std::vector<int32_t>& out, int32_t want) {
+  for (std::size_t i = 0; i < out.size(); ++i)
+    HMC_EXPECT(out[i] == want, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+  return 0;
+}
+
 // What a rank that then left had already put in the shared segments still counts: rank 1
 // posts its input, then makes no progress while rank 0 completes and leaves; its
 // collective must complete as rank 0's did, not fail on the loss noticed meanwhile (CI
@@ -1267,8 +1281,7 @@ TEST_CASE("a collective whose inputs were all up when a peer left still complete
   for (const auto& path : paths)
   for (const char* kind : {"barrier", "all_reduce"}) {
     DYNAMIC_SECTION(path << " " << kind) {
-      auto s = path == "segments" ? settings() : settings("cpu," + path);
-      if (path == "segments") s["HMC_SHM_COLL"] = "1";
+      auto s = path == "segments" ? segment_settings() : settings("cpu," + path);
       s["HMC_TIMEOUT"] = "20s";
       const bool is_barrier = std::string(kind) == "barrier";
       auto exits = test::run_ranks(2, s, [is_barrier](RankEnv& e) -> int {
@@ -1286,8 +1299,7 @@ TEST_CASE("a collective whose inputs were all up when a peer left still complete
           usleep(100000);
           HMC_EXPECT_OK(start().wait(std::chrono::seconds(20)));
         }
-        for (std::size_t i = 0; !is_barrier && i < out.size(); ++i)
-          HMC_EXPECT(out[i] == 3, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+        if (!is_barrier && expect_each(out, 3)) return 1;
         if (e.rank == 0) _exit(0);  // leaves without finalizing
         e.comm.abort();
         return 0;
@@ -1303,10 +1315,7 @@ TEST_CASE("a collective whose inputs were all up when a peer left still complete
 // while rank 1, slow, has not reduced its share yet. The root failed with kPeerLost on its
 // first pass that found nothing to do.
 TEST_CASE("a reduce's root waits for a slow rank's share while another rank left", "[collectives][errors]") {
-  auto s = settings();
-  s["HMC_SHM_COLL"] = "1";
-  s["HMC_TIMEOUT"] = "20s";
-  auto exits = test::run_ranks(3, s, [](RankEnv& e) -> int {
+  auto exits = test::run_ranks(3, segment_settings(), [](RankEnv& e) -> int {
     HMC_EXPECT_OK(e.comm.barrier());
     // 64 KiB of int32: more than a whole-round reduce reads, so each rank reduces a share.
     std::vector<int32_t> v(16384, e.rank + 1), out(v.size(), 0);
@@ -1314,8 +1323,7 @@ TEST_CASE("a reduce's root waits for a slow rank's share while another rank left
     if (e.rank == 1) usleep(1000000);  // its input is up, its share not yet
     HMC_EXPECT_OK(r.wait(std::chrono::seconds(20)));
     if (e.rank == 2) _exit(0);  // done, and leaves without finalizing
-    for (std::size_t i = 0; e.rank == 0 && i < out.size(); ++i)
-      HMC_EXPECT(out[i] == 6, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+    if (e.rank == 0 && expect_each(out, 6)) return 1;
     e.comm.abort();
     return 0;
   }, std::chrono::seconds(60));
@@ -1327,10 +1335,7 @@ TEST_CASE("a reduce's root waits for a slow rank's share while another rank left
 // an all_reduce whose input it had published, and rank 1 joins late. Rank 0 failed with
 // kPeerLost while rank 1 then completed the same call; both now complete.
 TEST_CASE("ranks waiting on a late live rank complete a collective a killed rank had joined", "[collectives][errors]") {
-  auto s = settings();
-  s["HMC_SHM_COLL"] = "1";
-  s["HMC_TIMEOUT"] = "20s";
-  auto exits = test::run_ranks(3, s, [](RankEnv& e) -> int {
+  auto exits = test::run_ranks(3, segment_settings(), [](RankEnv& e) -> int {
     HMC_EXPECT_OK(e.comm.barrier());
     std::vector<int32_t> v(8, e.rank + 1), out(v.size(), 0);
     if (e.rank == 1) usleep(1000000);
@@ -1340,8 +1345,7 @@ TEST_CASE("ranks waiting on a late live rank complete a collective a killed rank
       raise(SIGKILL);
     }
     HMC_EXPECT_OK(r.wait(std::chrono::seconds(20)));
-    for (std::size_t i = 0; i < out.size(); ++i)
-      HMC_EXPECT(out[i] == 6, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+    if (expect_each(out, 6)) return 1;
     e.comm.abort();
     return 0;
   }, std::chrono::seconds(60));

@@ -45,6 +45,36 @@ void with_killed_peer(const std::vector<std::string>& only, const std::function<
 
 void with_killed_peer(const std::function<int(RankEnv&)>& body) { with_killed_peer({}, body); }
 
+// Rank 1's part of the cases where a sender dies with its messages sent: `count` messages
+// of `bytes` to rank 0, tagged 0..count-1, each random_bytes(bytes, seed + tag), all sent.
+// Before message `pause_at` it sends a marker (tag 100) and waits for rank 0's go (101).
+int send_then_die(RankEnv& e, int count, std::size_t bytes, uint64_t seed, int pause_at = -1) {
+  std::vector<std::vector<uint8_t>> msgs;
+  std::vector<Request> sends;
+  for (int i = 0; i < count; ++i) {
+    if (i == pause_at) {
+      char go = 0;
+      HMC_EXPECT_OK(e.comm.send(&go, 1, 0, 100));
+      HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 101));
+    }
+    msgs.push_back(test::random_bytes(bytes, seed + i));
+    sends.push_back(e.comm.isend(msgs.back().data(), bytes, 0, static_cast<uint64_t>(i)));
+  }
+  HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
+  raise(SIGKILL);
+  return 1;
+}
+
+// Rank 0's: every receive of those ends well, with its message.
+int expect_received(std::vector<Request>& recvs, const std::vector<std::vector<uint8_t>>& got, uint64_t seed) {
+  for (std::size_t i = 0; i < recvs.size(); ++i) {
+    Status s = recvs[i].wait();
+    HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
+    HMC_EXPECT(got[i] == test::random_bytes(got[i].size(), seed + i), "message " + std::to_string(i) + " differs");
+  }
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("bad arguments are refused with clear errors", "[errors]") {
@@ -690,25 +720,14 @@ TEST_CASE("messages a dying peer sent while the receiver receives all arrive", "
     if (e.rank == 1) {
       char go = 0;
       HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 999));
-      std::vector<std::vector<uint8_t>> msgs;
-      std::vector<Request> sends;
-      for (int i = 0; i < kMessages; ++i) {
-        msgs.push_back(test::random_bytes(kBytes, 300 + i));
-        sends.push_back(e.comm.isend(msgs.back().data(), kBytes, 0, static_cast<uint64_t>(i)));
-      }
-      HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-      raise(SIGKILL);
+      return send_then_die(e, kMessages, kBytes, 300);
     }
     std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes, 0));
     std::vector<Request> recvs;
     for (int i = 0; i < kMessages; ++i) recvs.push_back(e.comm.irecv(got[i].data(), kBytes, 1, static_cast<uint64_t>(i)));
     char go = 1;
     HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 999));
-    for (int i = 0; i < kMessages; ++i) {
-      Status s = recvs[i].wait();
-      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
-      HMC_EXPECT(got[i] == test::random_bytes(kBytes, 300 + i), "message " + std::to_string(i) + " differs");
-    }
+    if (expect_received(recvs, got, 300)) return 1;
     e.comm.abort();
     return 0;
   });
@@ -724,25 +743,12 @@ TEST_CASE("messages queued behind a refused credit send are still received", "[e
     constexpr int kMessages = 12;
     constexpr std::size_t kBytes = 16 << 10;
     HMC_EXPECT_OK(e.comm.barrier());
-    if (e.rank == 1) {
-      std::vector<std::vector<uint8_t>> msgs;
-      std::vector<Request> sends;
-      for (int i = 0; i < kMessages; ++i) {
-        msgs.push_back(test::random_bytes(kBytes, 500 + i));
-        sends.push_back(e.comm.isend(msgs.back().data(), kBytes, 0, static_cast<uint64_t>(i)));
-      }
-      HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-      raise(SIGKILL);
-    }
+    if (e.rank == 1) return send_then_die(e, kMessages, kBytes, 500);
     std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes, 0));
     std::vector<Request> recvs;
     for (int i = 0; i < kMessages; ++i) recvs.push_back(e.comm.irecv(got[i].data(), kBytes, 1, static_cast<uint64_t>(i)));
     std::this_thread::sleep_for(std::chrono::seconds(1));  // no progress here meanwhile
-    for (int i = 0; i < kMessages; ++i) {
-      Status s = recvs[i].wait();
-      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
-      HMC_EXPECT(got[i] == test::random_bytes(kBytes, 500 + i), "message " + std::to_string(i) + " differs");
-    }
+    if (expect_received(recvs, got, 500)) return 1;
     e.comm.abort();
     return 0;
   }, {{"HMC_EAGER_LIMIT", "16K"}, {"HMC_EAGER_WINDOW", "256K"}});
@@ -757,23 +763,9 @@ TEST_CASE("a credit refused outside a pass still leaves the arrived messages to 
   with_killed_peer({"tcp", "shm"}, [](RankEnv& e) {
     constexpr int kFirst = 4, kMessages = 12;
     constexpr std::size_t kBytes = 16 << 10;
-    auto payload = [](int i) { return test::random_bytes(kBytes, 700 + i); };
-    char go = 0;
     HMC_EXPECT_OK(e.comm.barrier());
-    if (e.rank == 1) {
-      std::vector<std::vector<uint8_t>> msgs;
-      std::vector<Request> sends;
-      for (int i = 0; i < kMessages; ++i) {
-        msgs.push_back(payload(i));
-        if (i == kFirst) {
-          HMC_EXPECT_OK(e.comm.send(&go, 1, 0, 100));  // the marker
-          HMC_EXPECT_OK(e.comm.recv(&go, 1, 0, 101));
-        }
-        sends.push_back(e.comm.isend(msgs.back().data(), kBytes, 0, static_cast<uint64_t>(i)));
-      }
-      HMC_EXPECT_OK(wait_all(sends.data(), sends.size()));
-      raise(SIGKILL);
-    }
+    if (e.rank == 1) return send_then_die(e, kMessages, kBytes, 700, kFirst);
+    char go = 0;
     HMC_EXPECT_OK(e.comm.recv(&go, 1, 1, 100));  // messages 0-3 are in core now
     HMC_EXPECT_OK(e.comm.send(&go, 1, 1, 101));
     std::vector<std::vector<uint8_t>> got(kMessages, std::vector<uint8_t>(kBytes, 0));
@@ -782,11 +774,7 @@ TEST_CASE("a credit refused outside a pass still leaves the arrived messages to 
     std::this_thread::sleep_for(std::chrono::seconds(1));  // rank 1 sends and dies; no progress here
     for (int i = 0; i < kMessages; ++i)
       if (i != kFirst) recvs[i] = e.comm.irecv(got[i].data(), kBytes, 1, static_cast<uint64_t>(i));
-    for (int i = 0; i < kMessages; ++i) {
-      Status s = recvs[i].wait();
-      HMC_EXPECT(s.ok(), "message " + std::to_string(i) + ": " + s.to_string());
-      HMC_EXPECT(got[i] == payload(i), "message " + std::to_string(i) + " differs");
-    }
+    if (expect_received(recvs, got, 700)) return 1;
     e.comm.abort();
     return 0;
   }, {{"HMC_EAGER_LIMIT", "16K"}, {"HMC_EAGER_WINDOW", "256K"}});
