@@ -26,9 +26,10 @@ class CclLink;  // ccl.cpp
 struct ShmSeq {
   std::atomic<uint64_t> next{0};
   std::atomic<uint64_t> finished{0};
-  // A collective over the segments failed here: the later ones, which wait for its rounds
-  // to finish (`finished`), never run; after a loss they fail rather than wait.
-  std::atomic<bool> failed{false};
+  // The first sequence number of the earliest collective over the segments that failed
+  // here: the later ones, which wait for its rounds to finish (`finished`), never run;
+  // after a loss they fail rather than wait. Written under the driver's lock.
+  std::atomic<uint64_t> failed_from{UINT64_MAX};
 };
 
 struct CommState {

@@ -240,6 +240,10 @@ class ShmColl final : public DriverOp {
     for (std::size_t done = 0; done < len;) {
       iovec local{to + done, len - done}, remote{reinterpret_cast<void*>(from + done), len - done};
       const ssize_t got = process_vm_readv(segs_->pid(r), &local, 1, &remote, 1, 0);
+      // The process gone (before core has marked it lost): the loss is the reason.
+      if (got < 0 && errno == ESRCH)
+        return {ErrorCode::kPeerLost, "rank " + std::to_string(r) + " (pid " + std::to_string(segs_->pid(r)) +
+                                          ") is gone: its memory cannot be read"};
       if (got <= 0)
         return {ErrorCode::kInternal, "cross-memory read of " + std::to_string(len) + " bytes from rank " +
                                           std::to_string(r) + " stopped after " + std::to_string(done) + ": " +
@@ -399,9 +403,9 @@ class ShmColl final : public DriverOp {
   }
 
   // A lost rank has not written a word this rank waits for, or this rank waits for an
-  // earlier collective of its own that failed (ShmSeq::failed).
+  // earlier collective of its own that failed (ShmSeq::failed_from).
   bool held_back_by_loss() const {
-    if (state_->failed.load(std::memory_order_acquire)) return true;
+    if (state_->failed_from.load(std::memory_order_acquire) < first_) return true;
     for (int r = 0; r < segs_->size(); ++r)
       if (segs_->lost(r) && holds_back(r)) return true;
     return false;
@@ -433,7 +437,8 @@ class ShmColl final : public DriverOp {
   void fail(const Status& why) {
     if (finished_) return;
     finished_ = true;
-    state_->failed.store(true, std::memory_order_release);
+    if (first_ < state_->failed_from.load(std::memory_order_relaxed))
+      state_->failed_from.store(first_, std::memory_order_release);
     end_wait();
     result_->fail({why.code(), std::string(coll_kind_name(w_.kind)) + ": " + why.message()});
   }

@@ -1313,17 +1313,24 @@ TEST_CASE("a collective whose inputs were all up when a peer left still complete
 // A rank stuck only on live ranks waits for them, whoever left meanwhile: a reduce's
 // root gathers the ranks' reduced shares; rank 2 completes (its share is up) and leaves
 // while rank 1, slow, has not reduced its share yet. The root failed with kPeerLost on its
-// first pass that found nothing to do.
+// first pass that found nothing to do. A barrier the others queue behind it fails, rank 2
+// never joining; that failure must not fail the reduce before it (it did too).
 TEST_CASE("a reduce's root waits for a slow rank's share while another rank left", "[collectives][errors]") {
   auto exits = test::run_ranks(3, segment_settings(), [](RankEnv& e) -> int {
     HMC_EXPECT_OK(e.comm.barrier());
     // 64 KiB of int32: more than a whole-round reduce reads, so each rank reduces a share.
     std::vector<int32_t> v(16384, e.rank + 1), out(v.size(), 0);
+    // Rank 1 first: its input goes up while the others' are not, so it cannot reduce its
+    // share in this call, and then it makes no progress for a second.
+    if (e.rank != 1) usleep(200000);
     Request r = reduce(e.comm, v.data(), out.data(), v.size(), DataType::kInt32, ReduceOp::kSum, 0);
-    if (e.rank == 1) usleep(1000000);  // its input is up, its share not yet
+    Request later = e.rank == 2 ? Request{} : barrier(e.comm);
+    if (e.rank == 1) usleep(1000000);
     HMC_EXPECT_OK(r.wait(std::chrono::seconds(20)));
     if (e.rank == 2) _exit(0);  // done, and leaves without finalizing
     if (e.rank == 0 && expect_each(out, 6)) return 1;
+    const Status after = later.wait(std::chrono::seconds(20));
+    HMC_EXPECT(after.code() == ErrorCode::kPeerLost, "the barrier after: " + after.to_string());
     e.comm.abort();
     return 0;
   }, std::chrono::seconds(60));
