@@ -686,9 +686,12 @@ TEST_CASE("messages a peer sent before it died are received before its loss show
 TEST_CASE("a message that arrived after a rendezvous from a dead peer is still received", "[errors][peer-lost]") {
   with_killed_peer([](RankEnv& e) {
     const auto small = test::random_bytes(8, 31);
-    std::vector<uint8_t> big(4 << 20, 7), got(8, 0);
+    std::vector<uint8_t> big(4 << 20, e.rank == 1 ? 7 : 0), got(8, 0);
     HMC_EXPECT_OK(e.comm.barrier());
     if (e.rank == 1) {
+      // Once rank 0 has left its barrier, which makes progress: taken then, the RTS would
+      // get its CTS while this rank still lives to put (seen once on CI).
+      usleep(300000);
       Request r = e.comm.isend(big.data(), big.size(), 0, 1);  // its RTS goes out
       HMC_EXPECT_OK(e.comm.send(small.data(), small.size(), 0, 2));
       raise(SIGKILL);
@@ -700,7 +703,8 @@ TEST_CASE("a message that arrived after a rendezvous from a dead peer is still r
     HMC_EXPECT(s2.ok(), "the eager message: " + s2.to_string());
     HMC_EXPECT(got == small, "the eager message differs");
     Status s1 = first.wait();
-    HMC_EXPECT(s1.code() == ErrorCode::kPeerLost, "the rendezvous: " + s1.to_string());
+    const bool whole = std::all_of(big.begin(), big.end(), [](uint8_t b) { return b == 7; });
+    HMC_EXPECT(s1.code() == ErrorCode::kPeerLost || (s1.ok() && whole), "the rendezvous: " + s1.to_string());
     e.comm.abort();
     return 0;
   });
