@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/bootstrap.h"
+#include "stderr_capture.h"
 
 namespace {
 
@@ -605,23 +606,12 @@ TEST_CASE("bootstrap tells this host's addresses from others", "[bootstrap]") {
 // one line for the rest (130 strangers wrote 130 warnings at once).
 TEST_CASE("bootstrap root logs refused connections ten a second, then counts them", "[bootstrap]") {
   Job job;
-  char path[] = "/tmp/hmc-boot-log-XXXXXX";
-  const int file = mkstemp(path);
-  REQUIRE(file >= 0);
-  std::fflush(stderr);
-  const int saved = dup(2);
-  dup2(file, 2);
   const std::string http = "GET / HTTP/1.0\r\n\r\n";
   int hung_up = 0;
-  for (int i = 0; i < 30; ++i) hung_up += root_hangs_up(job.root->port(), std::vector<uint8_t>(http.begin(), http.end()));
-  std::this_thread::sleep_for(1500ms);  // a sweep says how many more
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  close(file);
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  unlink(path);
+  const std::string text = hmc::test::stderr_of([&] {
+    for (int i = 0; i < 30; ++i) hung_up += root_hangs_up(job.root->port(), std::vector<uint8_t>(http.begin(), http.end()));
+    std::this_thread::sleep_for(1500ms);  // a sweep says how many more
+  });
   INFO(text);
   CHECK(hung_up == 30);
   std::size_t lines = 0;

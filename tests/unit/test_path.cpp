@@ -1,40 +1,19 @@
 // Path negotiation: candidates, reasons, cost ranking, HMC_PATH.
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <fstream>
 #include <functional>
-#include <iterator>
 
 #include "core/path_negotiation.h"
 #include "hmc/context.h"
 #include "core/registration.h"
 #include "hmc/provider/net.h"
+#include "stderr_capture.h"
 
 using namespace hmc;
 using namespace hmc::core;
+using hmc::test::stderr_of;
 
 namespace {
-
-// What `fn` writes to standard error, where HMC logs.
-std::string stderr_of(const std::function<void()>& fn) {
-  char path[] = "/tmp/hmc-stderr-XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  std::fflush(stderr);
-  const int saved = dup(2);
-  dup2(fd, 2);
-  fn();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  close(fd);
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  unlink(path);
-  return text;
-}
 
 constexpr uint64_t kTcpCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_REMOTE | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
 constexpr uint64_t kShmCaps = HMC_NET_CAP_MSG | HMC_NET_CAP_PUT | HMC_NET_CAP_SAME_HOST | HMC_NET_CAP_MEM_HOST;
