@@ -128,7 +128,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
   const bool device = bytes && ctx_.device_mem(buf, bytes);
   if (p.net) {
     if (must_hold(p, bytes, device)) {
-      p.held.push_back({op, data, bytes, tag, device, Clock::now() + p.path.credit_wait});
+      p.held.push_back({op, data, bytes, tag, device, deadline_after(p.path.credit_wait)});
       events_.rescan();  // the clock may release it too, not only a credit message
     } else {
       start_send(p, op, data, bytes, tag, device);
