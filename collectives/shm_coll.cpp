@@ -150,9 +150,7 @@ class ShmColl final : public DriverOp {
       }
       if (current_ < published_) {
         if (Status s = run_round(step); !s.ok()) {
-          // A lost peer's memory cannot be read across processes: the loss is the reason.
-          const Status lost = rounds_.cma ? segs_->loss() : Status{};
-          fail(lost.ok() ? s : lost);
+          fail(s);
           return true;
         }
       }
