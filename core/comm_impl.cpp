@@ -177,7 +177,8 @@ Status CommImpl::check_hello(const Hello& h, const std::string& provider, const 
   if (h.comm_id != comm_id_) return {ErrorCode::kRefused, "belongs to another communicator"};
   if (h.rank < 0 || h.rank >= rank_) return {ErrorCode::kRefused, "unexpected rank " + std::to_string(h.rank)};
   const Peer& p = peers_[h.rank];
-  if (p.conn || !p.lost.ok()) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " is already connected"};
+  if (!p.lost.ok()) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " was lost: " + p.lost.message()};
+  if (p.conn) return {ErrorCode::kRefused, "rank " + std::to_string(h.rank) + " is already connected"};
   if (std::string(h.provider, strnlen(h.provider, sizeof(h.provider))) != provider || p.path.provider != provider)
     return {ErrorCode::kMismatch, "rank " + std::to_string(h.rank) + " connected over " + provider +
                                       " but this rank chose " + p.path.provider + " (HMC_PATH differs between ranks?)"};
@@ -368,7 +369,9 @@ void CommImpl::close_connections() {
 void CommImpl::wait_abort_done() {
   if (aborting_.load() == std::this_thread::get_id()) return;  // from inside a hook
   std::unique_lock lock(abort_mu_);
-  while (!abort_cv_.wait_for(lock, ctx_.timeout(), [this] { return abort_done_; }))
+  // A warning each HMC_TIMEOUT, at most one a second (HMC_TIMEOUT may be a millisecond).
+  const auto every = std::max<std::chrono::milliseconds>(ctx_.timeout(), std::chrono::seconds(1));
+  while (!abort_cv_.wait_for(lock, every, [this] { return abort_done_; }))
     HMC_LOG("core", warn, "rank {}: abort() still waits for another thread's abort() to end (its vendor "
             "library's abort, or collectives being dropped)", rank_);
 }

@@ -50,7 +50,7 @@ bool IpcImports::close_idle(Pick pick) {
 }
 
 void IpcImports::close_orphans() {
-  if (!orphans_) return;
+  if (!orphans_ || ctx_.engine()->held()) return;  // close_idle would close nothing
   close_idle([&](const Import& imp) { return !attached_.count(imp.exporter); });
   orphans_ = false;
   for (const auto& [id, imp] : imports_) orphans_ |= !attached_.count(imp.exporter);
