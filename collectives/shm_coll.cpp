@@ -213,10 +213,13 @@ class ShmColl final : public DriverOp {
     return kUp;
   }
 
-  // Every rank's word at off(slot of s) has reached s.
+  // Rank r's word at off(slot of s) has reached s.
+  bool reached(int r, std::size_t (*off)(uint64_t), uint64_t s) const {
+    return word(segs_->of(r), off(slot(s))).load(std::memory_order_acquire) >= s;
+  }
   bool everyone_at(std::size_t (*off)(uint64_t), uint64_t s) const {
     for (int r = 0; r < segs_->size(); ++r)
-      if (word(segs_->of(r), off(slot(s))).load(std::memory_order_acquire) < s) return false;
+      if (!reached(r, off, s)) return false;
     return true;
   }
 
@@ -409,21 +412,18 @@ class ShmColl final : public DriverOp {
     return false;
   }
 
-  // Whether rank r's words hold this collective back (advance()'s waits, in its order).
+  // Whether rank r's words hold this collective back: the waits of advance(), publish()
+  // and run_round(), for one rank.
   bool holds_back(int r) const {
-    uint8_t* seg = segs_->of(r);
-    const uint64_t done = word(seg, kDoneOff).load(std::memory_order_acquire);
-    if (draining_) return done < seq(rounds_.count - 1);
+    if (draining_) return !reached(r, done_off, seq(rounds_.count - 1));
     if (published_ < rounds_.count && published_ <= current_ + 1) {
       const uint64_t s = seq(published_);
-      if (s > 2 && done < s - 2) return true;
+      if (s > 2 && !reached(r, done_off, s - 2)) return true;
     }
-    if (current_ < published_) {
-      const uint64_t s = seq(current_);
-      if (!reduced_) return word(seg, seq_off(slot(s))).load(std::memory_order_acquire) != (s | call_);
-      return word(seg, red_off(slot(s))).load(std::memory_order_acquire) < s;
-    }
-    return false;
+    if (current_ == published_) return false;
+    const uint64_t s = seq(current_);
+    if (reduced_) return !reached(r, red_off, s);
+    return word(segs_->of(r), seq_off(slot(s))).load(std::memory_order_acquire) != (s | call_);
   }
 
   // Waiters poll closer together while shared-segment collectives are pending (progress.h).

@@ -31,6 +31,7 @@ void HostSegments::fail(const Status& why) {
     std::lock_guard lock(mu_);
     if (!stopped_.ok()) return;
     stopped_ = why;
+    has_stopped_.store(true, std::memory_order_release);
     has_failed_.store(true, std::memory_order_release);
   }
   ring_own();
@@ -48,7 +49,7 @@ void HostSegments::lose(int rank, const Status& why) {
 }
 
 Status HostSegments::stopped() const {
-  if (!any_failure()) return {};
+  if (!has_stopped_.load(std::memory_order_acquire)) return {};  // every pass after a loss asks
   std::lock_guard lock(mu_);
   return stopped_;
 }

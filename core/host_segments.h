@@ -96,7 +96,8 @@ class HostSegments {
   std::vector<void*> imported_;    // what ipc_close must release
   std::vector<int> pids_;
   bool cma_ = false;
-  std::atomic<bool> has_failed_{false};  // polled by every wait; what mu_ guards only once set
+  std::atomic<bool> has_failed_{false};   // polled by every wait; what mu_ guards only once set
+  std::atomic<bool> has_stopped_{false};  // fail() was called
   std::atomic<int> pending_{0};
   mutable std::mutex mu_;
   Status stopped_, loss_;
