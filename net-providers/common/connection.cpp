@@ -365,7 +365,7 @@ void Connection::close(int code, const std::string& why) {
   if (closed_) return;
   closed_ = true;
   // Messages the peer wrote before it was lost are still delivered, as from the socket.
-  if (code != HMC_PROV_ERR_CLOSED) poll_ring(0);
+  if (code != HMC_PROV_ERR_CLOSED) poll_ring(0, true);
   fail_ring_in(code, why);
   std::deque<OutItem> queued;
   std::deque<PostedRecv> posted;

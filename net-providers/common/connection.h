@@ -117,7 +117,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Any thread: reads what the peer wrote into this side's message ring, stamping
   // the ring as polled when `stamp_ns` is not 0. True when a request completed.
-  bool poll_ring(int64_t stamp_ns);
+  // Callers' progress passes skip a ring another thread reads (`wait` false); the io
+  // thread waits for it (`wait` true): a reader may be about to let go just after it
+  // found the ring empty, and the peer's last message, or the one a bell is for,
+  // would then be left unread.
+  bool poll_ring(int64_t stamp_ns, bool wait = false);
   // Any thread: marks this side's ring as no longer polled (the peer's writes ring a bell).
   void ring_idle() {
     if (rx_ring_) rx_ring_->stamp_polling(0);

@@ -203,7 +203,7 @@ bool Connection::on_header() {
     }
     case FrameType::bell: {
       if (h.length != 0) return protocol_error("bell with a payload");
-      poll_ring(0);  // the peer wrote while nobody here polled
+      poll_ring(0, true);  // the peer wrote while nobody here polled
       std::lock_guard lock(mu_);
       if (tx_mode_ == TxMode::ring && !send_q_.empty()) kick_locked();  // or it made room
       return true;

@@ -56,11 +56,16 @@ bool Connection::fill_ring_locked() {
   return completed;
 }
 
-bool Connection::poll_ring(int64_t stamp_ns) {
+bool Connection::poll_ring(int64_t stamp_ns, bool wait) {
   if (!rx_ring_) return false;
   if (stamp_ns != 0) rx_ring_->stamp_polling(stamp_ns);
-  std::unique_lock rx(rx_mu_, std::try_to_lock);
-  if (!rx.owns_lock() || rx_closed_) return false;
+  std::unique_lock rx(rx_mu_, std::defer_lock);
+  if (wait) {
+    rx.lock();
+  } else if (!rx.try_lock()) {
+    return false;  // another caller reads the ring
+  }
+  if (rx_closed_) return false;
   bool delivered = false;
   bool bell = false;
   std::string why;

@@ -7,6 +7,8 @@
 //           at once), sends kLastCount
 //           messages (net_child.h), each waited for, and finalizes the
 //           provider at once, without close_conn.
+//   last-exit: as last, but _exits right after the last send instead: the
+//           connection ends with no fini, as when the process is killed.
 //   put:    connects, receives a PutPlan (net_child.h), puts random data at
 //           offset and sends a marker right behind it, puts into the other
 //           region, reports; after the parent's "go" tries the other
@@ -52,7 +54,7 @@ int stream_mode(Session& s, void* conn) {
   }
 }
 
-int last_mode(Session& s, void* conn) {
+int last_mode(Session& s, void* conn, bool exit_at_once) {
   std::vector<char> msg(kLastSizes[3]);
   std::vector<void*> recvs(kLastFlood);
   for (auto& q : recvs)
@@ -65,6 +67,7 @@ int last_mode(Session& s, void* conn) {
     if (int rc = send_wait(s, conn, msg.data(), last_size(k)); rc != HMC_PROV_OK)
       return fail("send", std::to_string(k) + ": rc " + std::to_string(rc));
   }
+  if (exit_at_once) _exit(0);
   return 0;  // the Session finalizes the provider on the way out
 }
 
@@ -171,7 +174,7 @@ int child_main(int argc, char** argv) {
   }
   if (s.wait_connected(conn) != HMC_PROV_OK) return fail("connect", addr);
   if (mode == "stream") return stream_mode(s, conn);
-  if (mode == "last") return last_mode(s, conn);
+  if (mode == "last" || mode == "last-exit") return last_mode(s, conn, mode == "last-exit");
   if (mode == "put") return put_mode(s, conn);
   if (mode == "shrink") return shrink_mode(s, conn);
   return fail("unknown mode", mode);
