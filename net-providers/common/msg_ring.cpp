@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +19,7 @@ namespace hmc_net {
 namespace {
 
 constexpr uint32_t kRingMagic = 0x474e5248;  // "HRNG"
-constexpr uint32_t kRingVersion = 2;  // 2: messages, put_region
+constexpr uint32_t kRingVersion = 3;  // 2: messages, put_region; 3: nonce
 constexpr uint64_t kAlign = 16;
 constexpr uint64_t kDataOffset = (sizeof(RingControl) + 63) / 64 * 64;
 // A record is worth writing when it carries the whole rest or at least this much.
@@ -63,13 +64,22 @@ std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, bool messages, s
   ctl->version = kRingVersion;
   ctl->capacity = cap;
   ctl->messages = messages ? 1 : 0;
+  while (ctl->nonce == 0 && getrandom(&ctl->nonce, sizeof(ctl->nonce), 0) != sizeof(ctl->nonce)) {
+    if (errno != EINTR) {
+      why = std::string("getrandom for a message ring: ") + std::strerror(errno);
+      munmap(base, bytes);
+      close(fd);
+      return nullptr;
+    }
+  }
   auto ring = std::unique_ptr<SharedRing>(new SharedRing(fd, base, bytes));
   ring->messages_ = messages;
   return ring;
 }
 
-std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, uint64_t bytes,
+std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, const RingOffer& offer,
                                             std::string& why) {
+  const uint64_t bytes = offer.bytes;
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     why = "open " + path + ": " + std::strerror(errno);
@@ -96,13 +106,18 @@ std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, uint64_t by
     munmap(base, bytes);
     return nullptr;
   }
+  if (ctl->nonce != offer.nonce) {
+    why = path + " holds another message ring than the one offered";
+    munmap(base, bytes);
+    return nullptr;
+  }
   auto ring = std::unique_ptr<SharedRing>(new SharedRing(-1, base, bytes));
   ring->messages_ = ctl->messages != 0;
   return ring;
 }
 
 RingOffer SharedRing::offer() const {
-  return RingOffer{fd_, bytes_, reinterpret_cast<uint64_t>(&ctl_->probe)};
+  return RingOffer{fd_, bytes_, reinterpret_cast<uint64_t>(&ctl_->probe), ctl_->nonce};
 }
 
 int64_t SharedRing::now_ns() {

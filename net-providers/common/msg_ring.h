@@ -54,6 +54,9 @@ struct RingOffer {
   int64_t fd = -1;          // the memfd in the offerer's fd table; -1: no ring
   uint64_t bytes = 0;       // size of the mapping
   uint64_t probe_addr = 0;  // a word of the ring in the offerer's address space
+  // The ring's own random number (RingControl::nonce): the fd may be another ring's by
+  // the time the peer opens it, when the offerer closed this connection meanwhile.
+  uint64_t nonce = 0;
 };
 
 // The control block at the start of the mapping.
@@ -63,6 +66,7 @@ struct RingControl {
   uint64_t capacity;  // bytes of the data area, a power of two
   uint64_t probe;     // scratch word a peer may write to test cross-memory attach
   uint32_t messages;  // 1: the writer sends its messages here; 0: the ring is for put_region only
+  uint64_t nonce;     // random, set at creation: which ring this is (RingOffer)
   alignas(64) std::atomic<uint64_t> tail;       // writer: bytes written
   alignas(64) std::atomic<uint64_t> head;       // reader: bytes consumed
   alignas(64) std::atomic<int64_t> poll_ns;     // reader: last stamp while polling
@@ -77,8 +81,9 @@ class SharedRing {
   // A fresh ring of `capacity` data bytes (rounded up to a power of two) in a memfd;
   // `messages` false: for put_region only.
   static std::unique_ptr<SharedRing> create(size_t capacity, bool messages, std::string& why);
-  // Maps the ring behind `path` (shm: /proc/<pid>/fd/<fd>) that a peer offered.
-  static std::unique_ptr<SharedRing> map(const std::string& path, uint64_t bytes, std::string& why);
+  // Maps the ring behind `path` (shm: /proc/<pid>/fd/<fd>) that a peer offered: the
+  // offer's size and nonce must match.
+  static std::unique_ptr<SharedRing> map(const std::string& path, const RingOffer& offer, std::string& why);
   SharedRing(const SharedRing&) = delete;
   SharedRing& operator=(const SharedRing&) = delete;
   ~SharedRing();

@@ -293,7 +293,7 @@ std::unique_ptr<hmc_net::SharedRing> ShmProvider::map_peer_ring(Connection& conn
   }
   std::string why;
   auto ring = hmc_net::SharedRing::map(
-      "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(offer.fd), offer.bytes, why);
+      "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(offer.fd), offer, why);
   if (!ring) {
     host().log(HMC_LOG_INFO, "cannot map the message ring of " + conn.peer() + " (" + why +
                                  "); messages and puts to it go through the socket");

@@ -26,7 +26,7 @@ namespace {
 std::unique_ptr<SharedRing> map_of(const SharedRing& ring) {
   const hmc_net::RingOffer offer = ring.offer();
   std::string why;
-  auto mapped = SharedRing::map("/proc/self/fd/" + std::to_string(offer.fd), offer.bytes, why);
+  auto mapped = SharedRing::map("/proc/self/fd/" + std::to_string(offer.fd), offer, why);
   INFO(why);
   REQUIRE(mapped != nullptr);
   return mapped;
@@ -143,12 +143,14 @@ TEST_CASE("message ring: only a ring of this version maps; idle readers are seen
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
   // A file its owner could still shrink is refused whatever it holds: a write through the
   // mapping after a shrink would die of SIGBUS.
-  CHECK(SharedRing::map(path, 1 << 20, why) == nullptr);
+  hmc_net::RingOffer offer{fd, 1 << 20, 0, 0};
+  CHECK(SharedRing::map(path, offer, why) == nullptr);
   CHECK(why.find("not sealed") != std::string::npos);
   REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
-  CHECK(SharedRing::map(path, 1 << 20, why) == nullptr);
+  CHECK(SharedRing::map(path, offer, why) == nullptr);
   CHECK(why.find("no message ring") != std::string::npos);
-  CHECK(SharedRing::map(path, 4096, why) == nullptr);
+  offer.bytes = 4096;
+  CHECK(SharedRing::map(path, offer, why) == nullptr);
   close(fd);
 
   auto reader = SharedRing::create(1, true, why);  // rounded up to the minimum
@@ -164,6 +166,24 @@ TEST_CASE("message ring: only a ring of this version maps; idle readers are seen
   reader->stamp_polling(now);
   CHECK_FALSE(writer->reader_idle(now + 1000));
   CHECK(writer->reader_idle(now + 2 * SharedRing::kIdleNs));
+}
+
+// The offerer may close the connection, and its fd then name another ring, before the peer
+// opens /proc/<pid>/fd/<fd>: that ring must not be taken for the one offered.
+TEST_CASE("message ring: an offer maps only the very ring it was made for", "[ring]") {
+  std::string why;
+  auto first = SharedRing::create(64 << 10, true, why);
+  auto second = SharedRing::create(64 << 10, true, why);
+  REQUIRE(first != nullptr);
+  REQUIRE(second != nullptr);
+  CHECK(first->offer().nonce != 0);
+  CHECK(first->offer().nonce != second->offer().nonce);
+  hmc_net::RingOffer stale = first->offer();
+  stale.fd = second->offer().fd;  // as if the first ring's fd had been reused for the second
+  const std::string path = "/proc/self/fd/" + std::to_string(stale.fd);
+  CHECK(SharedRing::map(path, stale, why) == nullptr);
+  CHECK(why.find("another message ring") != std::string::npos);
+  CHECK(SharedRing::map(path, second->offer(), why) != nullptr);
 }
 
 TEST_CASE("message ring: put marks, and a closed ring lets no put step begin", "[ring][put]") {
