@@ -26,6 +26,12 @@ constexpr int kWritesPerTurn = 16;                  // sendmsg calls before yiel
 
 void Connection::pump() {
   if (closed() || writing_) return;
+  {
+    // A pump posted before an inline one (queue_ctrl) emptied the queue and let the
+    // write side go: a caller may own it now, and the io thread must not write too.
+    std::lock_guard lock(mu_);
+    if (!pump_armed_) return;
+  }
   pump_turn();
   flush_wake();
 }
