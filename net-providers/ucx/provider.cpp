@@ -232,12 +232,7 @@ void Provider::run() {
     if (ready.empty() && !watching_ucx && (host_busy || Clock::now().time_since_epoch() - polled < kLinger)) {
       const timespec wait{0, std::chrono::nanoseconds(look).count()};
       look = std::min(look * 2, kLookMax);
-      int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
-      for (int i = 0; i < n; ++i) {
-        const uint64_t t = events[i].data.u64;  // epoll_event is packed: copy, do not bind
-        const uint32_t ev = events[i].events;
-        ready.emplace_back(t, ev);
-      }
+      wait_events(events, wait, ready);
       continue;  // stop_ comes with a write to the eventfd: ready, and handled below
     }
     bool host_polls = false;
@@ -301,12 +296,27 @@ void Provider::run() {
     }
     if (!host_polls) look = kLinger;
     const timespec wait = armed ? timespec{1, 0} : timespec{0, std::chrono::nanoseconds(unarmed).count()};
-    int n = epoll_pwait2(epoll_, events.data(), static_cast<int>(events.size()), &wait, nullptr);
-    for (int i = 0; i < n; ++i) {
-      const uint64_t t = events[i].data.u64;
-      const uint32_t ev = events[i].events;
-      ready.emplace_back(t, ev);
-    }
+    wait_events(events, wait, ready);
+  }
+}
+
+// epoll_pwait2 (Linux 5.11) waits in microseconds. An older kernel, or a seccomp profile
+// older than the call, refuses it (ENOSYS, EPERM): start() found that out, and the thread
+// waits with epoll_wait in whole milliseconds, rounded up, instead.
+void Provider::wait_events(std::vector<epoll_event>& events, const timespec& wait,
+                           std::vector<std::pair<uint64_t, uint32_t>>& ready) {
+  const int most = static_cast<int>(events.size());
+  int n;
+  if (fine_waits_) {
+    n = epoll_pwait2(epoll_, events.data(), most, &wait, nullptr);
+  } else {
+    const int64_t ms = int64_t{wait.tv_sec} * 1000 + (wait.tv_nsec + 999'999) / 1'000'000;
+    n = epoll_wait(epoll_, events.data(), most, static_cast<int>(ms));
+  }
+  for (int i = 0; i < n; ++i) {
+    const uint64_t t = events[i].data.u64;  // epoll_event is packed: copy, do not bind
+    const uint32_t ev = events[i].events;
+    ready.emplace_back(t, ev);
   }
 }
 
@@ -476,6 +486,13 @@ int Provider::start(std::string& why) {
   }
   watch(event_fd_, watch_tag(kEvent, 0), EPOLLIN);
   watch(ucx_fd_, watch_tag(kUcx, 0), EPOLLIN);
+  epoll_event probe{};
+  const timespec now{0, 0};
+  if (epoll_pwait2(epoll_, &probe, 1, &now, nullptr) < 0 && (errno == ENOSYS || errno == EPERM)) {
+    fine_waits_ = false;
+    host_.log(HMC_LOG_INFO, std::string("epoll_pwait2 refused (") + std::strerror(errno) +
+                                "): the provider's thread waits in whole milliseconds");
+  }
   next_conn_ = static_cast<uint32_t>(random64() % 1000000) + 1;
   {
     std::lock_guard lock(live_mu);

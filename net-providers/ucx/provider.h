@@ -17,11 +17,13 @@
 // (put.cpp) needs the target to answer.
 #pragma once
 
+#include <sys/epoll.h>
 #include <ucp/api/ucp.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <memory>
@@ -337,6 +339,8 @@ class Provider {
   // provider.cpp: thread, sockets, handshakes, connection life.
   int init_context(const std::string& tls, std::string& why);
   void run();
+  void wait_events(std::vector<epoll_event>& events, const timespec& wait,
+                   std::vector<std::pair<uint64_t, uint32_t>>& ready);
   void handle_event(uint64_t tag, uint32_t events);
   void handle_listener(Listener& l);
   void handle_socket(Conn& c, uint32_t events);
@@ -430,6 +434,7 @@ class Provider {
   std::string bind_addr_;
   hmc_net::PortRange ports_;  // HMC_UCX_PORT
   int epoll_ = -1, event_fd_ = -1, ucx_fd_ = -1;
+  bool fine_waits_ = true;  // epoll_pwait2 works; else epoll_wait (wait_events)
   std::thread thread_;
   bool stop_ = false;
   std::atomic<Clock::rep> host_polled_{0};  // when progress() last ran as part of a poll loop

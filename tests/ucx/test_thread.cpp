@@ -5,6 +5,9 @@
 // must still deliver what arrives while the host is not polling. The stuck state cannot
 // be made on demand, so this executable stands in for ucp_worker_arm.
 #include <dlfcn.h>
+#include <sys/epoll.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -23,8 +26,29 @@ namespace {
 
 std::atomic<bool> g_arm_busy{false};
 std::atomic<long> g_arm_calls{0};
+std::atomic<bool> g_pwait2_refused{false};
+std::atomic<long> g_pwait2_calls{0};
 
 }  // namespace
+
+// epoll_pwait2 as the plugin sees it: ENOSYS while g_pwait2_refused is set, as on a kernel
+// older than 5.11 or under a seccomp profile older than the call; else the C library's.
+extern "C" __attribute__((visibility("default"))) int epoll_pwait2(int epfd, struct epoll_event* events,
+                                                                   int maxevents, const struct timespec* timeout,
+                                                                   const sigset_t* sigmask) {
+  g_pwait2_calls.fetch_add(1, std::memory_order_relaxed);
+  if (g_pwait2_refused.load(std::memory_order_relaxed)) {
+    errno = ENOSYS;
+    return -1;
+  }
+  using Wait = int (*)(int, struct epoll_event*, int, const struct timespec*, const sigset_t*);
+  static const Wait real = reinterpret_cast<Wait>(dlsym(RTLD_NEXT, "epoll_pwait2"));
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return real(epfd, events, maxevents, timeout, sigmask);
+}
 
 // ucp_worker_arm as the plugin sees it: UCX's own, or UCS_ERR_BUSY while g_arm_busy is set.
 // This executable exports it (tests/ucx/CMakeLists.txt) and the plugin, loaded later, binds
@@ -136,5 +160,39 @@ TEST_CASE("ucx: a worker that cannot be armed costs the provider's thread little
   CHECK(again.rc == 0);
   CHECK(again.got == "armed again");
   REQUIRE(far != nullptr);  // else a round trip above did not end, and closed it
+  CHECK(u.p->close_conn(u.state, far) == HMC_PROV_OK);
+}
+
+TEST_CASE("ucx: where epoll_pwait2 is refused, the provider's thread waits with epoll_wait and still delivers",
+          "[ucx][thread][timing]") {
+  Peer peer(true);  // echoes; forked before the stand-in refuses
+  REQUIRE(peer.ready());
+  g_pwait2_refused = true;
+  struct Allow {
+    ~Allow() { g_pwait2_refused = false; }
+  } allow;
+  const long before = g_pwait2_calls.load();
+  Plugin u;
+  if (u.missing()) return;
+  REQUIRE(g_pwait2_calls.load() > before);  // the plugin asked the stand-in
+  const long after_init = g_pwait2_calls.load();
+  void* far = u.connect_up(peer.addr, "far");  // the handshake needs the thread's events
+  REQUIRE(far != nullptr);
+  for (int i = 0; i < 3; ++i) {
+    const std::string text = "no pwait2 " + std::to_string(i);
+    Echo e = round_trip(u, far, text);
+    INFO("round trip " << i << ": " << e.seconds << " s");
+    CHECK(e.rc == 0);
+    CHECK(e.got == text);
+  }
+  const double cpu0 = ucx_test::thread_cpu_seconds("hmc-ucx");
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double idle = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double spent = ucx_test::thread_cpu_seconds("hmc-ucx") - cpu0;
+  INFO("the thread used " << spent << " s of CPU in " << idle << " s idle");
+  CHECK(spent < 0.05 * idle);                       // it sleeps: no loop on a failing call
+  CHECK(g_pwait2_calls.load() == after_init);      // the refusal was learnt once, at init
+  REQUIRE(far != nullptr);
   CHECK(u.p->close_conn(u.state, far) == HMC_PROV_OK);
 }
