@@ -49,8 +49,12 @@ void Provider::on_op_done(Op* op, ucs_status_t status, size_t length) {
     case Op::kFlush:
     case Op::kGet:
       if (op->req == nullptr) break;  // failed with its connection (fail, retire)
-      if (c != nullptr) put_finished(*c, op->req, op->bytes, ok ? HMC_PROV_OK : fail_rc, why);
-      else op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
+      if (c != nullptr) {
+        put_finished(*c, op->req, op->bytes, ok ? HMC_PROV_OK : fail_rc, why);
+      } else {
+        op->req->fail(HMC_PROV_ERR_CLOSED, "connection closed");
+        wake_later();  // a host asleep in wait() looks again
+      }
       break;
     case Op::kPutSend:
       if (c != nullptr) am_put_step(*c, op->put, true, ok ? HMC_PROV_OK : fail_rc, why);
