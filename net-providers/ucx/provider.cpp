@@ -631,10 +631,13 @@ void Provider::keep_arrived(Conn& c, bool keep) {
 // Ops still in flight complete with an error once the endpoint is closed;
 // their callbacks must not find the Conn, so they forget it now.
 void Provider::retire(std::unique_ptr<Conn> c) {
+  // Only a close to a live peer leaves puts that may still land (landing()).
+  const bool may_land = c->closing && !c->peer_gone;
   for (Op* op : c->ops) {
     orphans_.insert(op);
     op->conn = nullptr;
     op->recv = nullptr;
+    if (!may_land) op->region = 0;  // no region has id 0
     // close_conn fails every pending request: a send or a put's flush that UCX still
     // holds (a stopped peer flushes nothing) ends now, and its late callback finds none.
     // A get is the exception: UCX may still write into its buffer, so it ends only when
@@ -683,6 +686,8 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
   ucp_ep_h ep = c->ep;
   const int fd = c->fd;
   bool gone = (c->state == Conn::kFailed && c->error == HMC_PROV_ERR_PEER_LOST) || (fd >= 0 && ended(fd));
+  const bool failed = c->state == Conn::kFailed;
+  c->peer_gone = gone || failed;  // landing(): only a live peer's puts still land
   c->ep = nullptr;  // fail() leaves both to us
   c->fd = -1;
   // Out of the thread's epoll set now: while the wait below lets mu_ go, a peer's end of
@@ -723,6 +728,7 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
                                   " operation(s); " +
                                   (peer_errors_ ? "its endpoint is closed by force" : "they end with the worker"));
       gone = true;
+      c->peer_gone = true;
     }
   }
   void* closing = nullptr;

@@ -211,6 +211,7 @@ struct Conn {
   uint64_t peer_cookie = 0;
   bool connector = false;
   bool closing = false;      // close_conn is under way (and may let mu_ go while it waits)
+  bool peer_gone = false;    // close_conn found the peer's lifeline ended: nothing lands any more
   void* listener = nullptr;  // acceptor side, until accepted
   int fd = -1;               // the lifeline
   std::string out, in;       // handshake bytes to write / read so far

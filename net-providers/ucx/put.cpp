@@ -366,13 +366,18 @@ void Provider::on_put_done(Conn& c, const Wire& w, const std::string& why) {
   else am_put_step(c, w.token, false, HMC_PROV_ERR_PEER_LOST, "put failed at the peer: " + why);
 }
 
-// Is a put still landing in `region` from a connection that can still deliver?
+// Is a put still landing in `region` from a peer that can still deliver? That is a
+// connection that carries, or one that close_conn closes (it lets mu_ go while it waits
+// for what UCX still fetches) to a live peer, or an operation such a close gave up on.
+// A peer that failed or is gone delivers nothing more (UCX never hands its rendezvous back).
 bool Provider::landing(uint64_t region) const {
   for (const auto& [id, c] : conns_) {
-    if (!c->carries()) continue;
+    if (!c->carries() && !(c->closing && !c->peer_gone)) continue;
     for (const Op* op : c->ops)
       if (op->type == Op::kPutRecv && op->region == region) return true;
   }
+  for (const Op* op : orphans_)
+    if (op->type == Op::kPutRecv && op->region == region) return true;
   return false;
 }
 

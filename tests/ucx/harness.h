@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -75,7 +76,19 @@ inline void no_wake(void*) {}
 
 // The plugin, loaded and initialised with every transport UCX finds; closed on scope exit.
 struct Plugin {
-  Plugin() {
+  // `config`: the parameters the host hands the plugin (none by default: every default).
+  explicit Plugin(std::map<std::string, std::string> config = {}) : settings(std::move(config)) {
+    if (!settings.empty()) {
+      host.host = &settings;
+      host.config_get = [](void* h, const char* name, char* value, size_t len) {
+        const auto& m = *static_cast<const std::map<std::string, std::string>*>(h);
+        const auto it = m.find(name);
+        if (it == m.end()) return 1;
+        if (it->second.size() + 1 > len) return -1;
+        std::memcpy(value, it->second.c_str(), it->second.size() + 1);
+        return 0;
+      };
+    }
     dl = dlopen(HMC_UCX_PLUGIN, RTLD_NOW | RTLD_LOCAL);
     if (dl == nullptr) return;
     auto entry = reinterpret_cast<hmc_net_entry_v1_fn>(dlsym(dl, HMC_NET_ENTRY_V1));
@@ -168,6 +181,7 @@ struct Plugin {
     }
     return nullptr;
   }
+  std::map<std::string, std::string> settings;
   hmc_host_services_t host{sizeof(hmc_host_services_t), nullptr, quiet, no_config, no_wake};
   void* dl = nullptr;
   const hmc_net_provider_t* p = nullptr;

@@ -402,3 +402,47 @@ TEST_CASE("ucx: close_conn ends a receive only once UCX no longer writes its buf
   u.p->close_conn(u.state, l.out);
   u.p->close_listener(u.state, l.listener);
 }
+
+// net.h: once dereg_mem returns, no byte of any peer's put lands in the region. A
+// close_conn on another thread lets the provider's lock go while it waits for what UCX
+// still fetches, and the connection then no longer carries anything; a put still
+// landing through it must hold dereg_mem back all the same.
+TEST_CASE("ucx: dereg_mem waits for a put landing through a connection another thread closes", "[ucx][close][dereg]") {
+  Plugin u(std::map<std::string, std::string>{{"HMC_UCX_PUT", "am"}});  // the target fetches the data into the region itself
+  if (u.missing()) return;
+  const auto l = u.loop("puts");
+  REQUIRE(l.in != nullptr);
+  REQUIRE(u.wait_up(l.in) == HMC_PROV_OK);
+  REQUIRE(u.wait_up(l.out) == HMC_PROV_OK);
+  constexpr size_t kLen = size_t{128} << 20;
+  std::vector<char> src(kLen, 's'), dst(kLen, 0);
+  void* mr = nullptr;
+  REQUIRE(u.p->reg_mem(u.state, dst.data(), kLen, HMC_MEM_HOST, &mr) == HMC_PROV_OK);
+  std::vector<uint8_t> rkey(HMC_NET_RKEY_MAX);
+  size_t rkey_len = 0;
+  REQUIRE(u.p->pack_rkey(u.state, mr, rkey.data(), rkey.size(), &rkey_len) == HMC_PROV_OK);
+  // A first small put has the key checked, so the big one goes at once.
+  void* preq = nullptr;
+  REQUIRE(u.p->put(u.state, l.out, src.data(), 64, nullptr, rkey.data(), rkey_len, 0, &preq) == HMC_PROV_OK);
+  REQUIRE(u.wait(preq) == HMC_PROV_OK);
+  REQUIRE(u.p->put(u.state, l.out, src.data(), kLen, nullptr, rkey.data(), rkey_len, 0, &preq) == HMC_PROV_OK);
+  for (const auto until = Clock::now() + std::chrono::milliseconds(3); Clock::now() < until;) u.p->progress(u.state);
+  std::vector<size_t> at;  // sampled once dereg_mem returned (the data comes in order)
+  for (size_t k = 1; k <= 64; ++k) at.push_back(kLen / 64 * k - 1);
+  std::vector<char> seen(at.size());
+  const bool landing = dst[kLen - 1] == 0;
+  std::thread closer([&] { CHECK(u.p->close_conn(u.state, l.in) == HMC_PROV_OK); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the close waits, its lock let go
+  CHECK(u.p->dereg_mem(u.state, mr) == HMC_PROV_OK);
+  for (size_t k = 0; k < at.size(); ++k) seen[k] = dst[at[k]];
+  closer.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 100; ++i) u.p->progress(u.state);
+  size_t changed = 0;
+  for (size_t k = 0; k < at.size(); ++k) changed += seen[k] != dst[at[k]];
+  if (!landing) WARN("the put had landed before the close began: nothing was checked");
+  CHECK(changed == 0);  // nothing landed after dereg_mem returned
+  CHECK(u.wait(preq) <= 0);  // the put ends too (landed, or failed with the connection)
+  u.p->close_conn(u.state, l.out);
+  u.p->close_listener(u.state, l.listener);
+}
