@@ -1,5 +1,7 @@
 #include "core/config.h"
 
+#include "hmc/provider/param_text.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -12,6 +14,8 @@ extern char** environ;
 
 namespace hmc::core {
 namespace {
+
+using hmc_text::number_and_unit;
 
 const char* type_name(ParamType t) {
   switch (t) {
@@ -76,47 +80,7 @@ Status validate(const ParamDef& def, const std::string& value) {
 
 }  // namespace
 
-namespace {
-
-// The number a size or a duration starts with, and its unit in lower case. strtod also
-// reads "nan", "inf", hexadecimal ("0x10") and signs, which neither is: only digits, a
-// point and a decimal exponent may make the number, and a '-' anywhere is refused ("-0",
-// "1e-3K").
-std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
-  if (text.empty() || text.find('-') != std::string::npos) return std::nullopt;
-  if (!std::isdigit(static_cast<unsigned char>(text[0])) && text[0] != '.') return std::nullopt;  // "+4K"
-  // from_chars, not strtod: the decimal point stays '.' whatever locale the application set.
-  double v = 0;
-  const char* first = text.c_str();
-  const auto [end, ec] = std::from_chars(first, first + text.size(), v, std::chars_format::general);
-  if (ec != std::errc() || end == first || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
-  for (const char* c = first; c < end; ++c)
-    if (!std::isdigit(static_cast<unsigned char>(*c)) && std::strchr(".eE+", *c) == nullptr) return std::nullopt;
-  return std::make_pair(v, lower(end));
-}
-
-}  // namespace
-
-std::optional<uint64_t> parse_size(const std::string& text) {
-  auto parsed = number_and_unit(text);
-  if (!parsed) return std::nullopt;
-  auto& [v, unit] = *parsed;
-  // "b", and k, m, g, t alone or with "b", "i" or "ib" after them ("kb", "mib" -> "k", "m").
-  if (unit == "b") unit.clear();
-  else if (unit.size() == 3 && unit.compare(1, 2, "ib") == 0) unit.resize(1);
-  else if (unit.size() == 2 && (unit[1] == 'b' || unit[1] == 'i')) unit.resize(1);
-  double mul = 1;
-  if (unit == "k") mul = 1024.0;
-  else if (unit == "m") mul = 1024.0 * 1024;
-  else if (unit == "g") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "t") mul = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty()) return std::nullopt;
-  // 2^64 and beyond do not fit (converting them is undefined): "1e30", "16777216T".
-  const double bytes = v * mul;
-  if (!(bytes < 18446744073709551616.0)) return std::nullopt;
-  if (bytes != std::floor(bytes)) return std::nullopt;  // "1.5" bytes, "0.1K": not a whole number
-  return static_cast<uint64_t>(bytes);
-}
+std::optional<uint64_t> parse_size(const std::string& text) { return hmc_text::parse_size(text); }
 
 namespace {
 
@@ -155,7 +119,8 @@ std::optional<bool> parse_bool(const std::string& text) {
 
 const std::vector<ParamDef>& Config::core_params() {
   static const std::vector<ParamDef> kParams = {
-      {"HMC_LOG_LEVEL", ParamType::kString, "warn", "log level: trace, debug, info, warn, error, off"},
+      {"HMC_LOG_LEVEL", ParamType::kString, "warn", "log level: trace, debug, info, warn, error, off", "core",
+       {"trace", "debug", "info", "warn", "error", "off"}},
       {"HMC_TIMEOUT", ParamType::kDuration, "60s", "deadline of every blocking call (e.g. 500ms, 30s, 2m); wait_all counts one for all its requests"},
       {"HMC_PROVIDERS", ParamType::kList, "", "providers to use: 'a,b' keeps only those, '^c' excludes c; every name must be a provider found (else Context::create fails)"},
       {"HMC_PROVIDER_PATH", ParamType::kString, "", "colon-separated folders searched for provider plugins before the one next to libhmc"},
@@ -239,7 +204,7 @@ std::string Config::bad_params(const std::string& owner, const hmc_param_t* para
     auto type = type_from_name(p.type);
     if (!type) return "parameter " + name + " has unknown type '" + p.type + "'";
     // The provider reads its default through config_get as if set: it must parse too.
-    if (p.default_value && *p.default_value && !validate({name, *type}, p.default_value).ok())
+    if (p.default_value && *p.default_value && !validate({name, *type, "", ""}, p.default_value).ok())
       return "parameter " + name + "'s default '" + p.default_value + "' is not a valid " + p.type;
     // A provider would otherwise change a setting of core's (its default, its type) or of
     // another provider's: shm's prefix holds core's HMC_SHM_COLL.

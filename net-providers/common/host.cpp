@@ -1,5 +1,7 @@
 #include "common/host.h"
 
+#include "hmc/provider/param_text.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -72,29 +74,9 @@ bool Host::get_int(const hmc_param_t& param, int64_t min, int64_t max, int64_t& 
 }
 
 bool parse_size(const std::string& text, uint64_t& out) {
-  uint64_t value = 0;
-  const char* begin = text.data();
-  const char* end = begin + text.size();
-  auto [ptr, ec] = std::from_chars(begin, end, value);
-  if (ec != std::errc() || ptr == begin) return false;
-  std::string suffix(ptr, end);
-  std::transform(suffix.begin(), suffix.end(), suffix.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  int shift = 0;
-  if (suffix.empty() || suffix == "b") {
-    shift = 0;
-  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
-    shift = 10;
-  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
-    shift = 20;
-  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
-    shift = 30;
-  } else {
-    return false;
-  }
-  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
-  out = value << shift;
-  return true;
+  const auto bytes = hmc_text::parse_size(text);  // libhmc's grammar: what it let through parses here
+  if (bytes) out = *bytes;
+  return bytes.has_value();
 }
 
 bool parse_bool(const std::string& text, bool& out) {

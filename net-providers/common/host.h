@@ -58,7 +58,8 @@ int guarded(void* state, F&& fn) {
   }
 }
 
-// Parsers, exposed for reuse: "4M", "4MiB", "64k", "1048576"; "1/0/true/false/on/off/yes/no".
+// Parsers, exposed for reuse: sizes as libhmc reads them (hmc/provider/param_text.h: "4M",
+// "4MiB", "1.5m", "1048576"); "1/0/true/false/on/off/yes/no".
 bool parse_size(const std::string& text, uint64_t& out);
 bool parse_bool(const std::string& text, bool& out);
 

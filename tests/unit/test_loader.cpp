@@ -134,6 +134,26 @@ TEST_CASE("HMC_PROVIDERS selects and excludes", "[loader]") {
   CHECK_THAT(missing.status().message(), Catch::Contains("nosuch"));
 }
 
+// libhmc checks a provider's size parameters with its own grammar before the provider reads
+// them; the provider must then read them alike, or it turns unavailable for a value that
+// Context::create let through (its pairs then silently took another path).
+TEST_CASE("a provider reads every size libhmc lets through", "[loader][config]") {
+  for (const char* size : {"1.5M", "64Ki", "0.5MiB", "1e6", "2097152"}) {
+    INFO(size);
+    auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,tcp,shm"}, {"HMC_TCP_SOCKBUF", size}, {"HMC_SHM_RING", size}}});
+    REQUIRE(ctx.ok());
+    const auto providers = ctx->providers();
+    for (const char* name : {"tcp", "shm"}) {
+      const ProviderInfo* p = find(providers, name);
+      REQUIRE(p != nullptr);
+      INFO(name << ": " << p->reason);
+      CHECK(p->available);
+    }
+  }
+  auto bad = Context::create({{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TCP_SOCKBUF", "1.5"}}});  // no half bytes
+  CHECK(bad.status().code() == ErrorCode::kInvalidArgument);
+}
+
 TEST_CASE("device memory API allocates, copies and tracks on the cpu provider", "[memory]") {
   auto ctx = Context::create();
   REQUIRE(ctx.ok());

@@ -1,0 +1,61 @@
+/* How libhmc reads the text of a parameter, for C++ providers that want the same grammar
+ * (the C ABI itself hands values over as text: common.h, config_get). Header only. */
+#pragma once
+
+#ifdef __cplusplus
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace hmc_text {
+
+// The number a size or a duration starts with, and its unit in lower case. strtod also
+// reads "nan", "inf", hexadecimal ("0x10") and signs, which neither is: only digits, a
+// point and a decimal exponent may make the number, and a '-' anywhere is refused ("-0",
+// "1e-3K").
+inline std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
+  if (text.empty() || text.find('-') != std::string::npos) return std::nullopt;
+  if (!std::isdigit(static_cast<unsigned char>(text[0])) && text[0] != '.') return std::nullopt;  // "+4K"
+  // from_chars, not strtod: the decimal point stays '.' whatever locale the application set.
+  double v = 0;
+  const char* first = text.c_str();
+  const auto [end, ec] = std::from_chars(first, first + text.size(), v, std::chars_format::general);
+  if (ec != std::errc() || end == first || !(v >= 0) || !std::isfinite(v)) return std::nullopt;
+  for (const char* c = first; c < end; ++c)
+    if (!std::isdigit(static_cast<unsigned char>(*c)) && std::strchr(".eE+", *c) == nullptr) return std::nullopt;
+  std::string unit(end);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return std::make_pair(v, std::move(unit));
+}
+
+// A size in bytes: "1048576", "64K", "4MiB", "1.5m", "2T", "1e6"; nullopt when malformed,
+// not a whole number of bytes, or 2^64 or more.
+inline std::optional<uint64_t> parse_size(const std::string& text) {
+  auto parsed = number_and_unit(text);
+  if (!parsed) return std::nullopt;
+  auto& [v, unit] = *parsed;
+  // "b", and k, m, g, t alone or with "b", "i" or "ib" after them ("kb", "mib" -> "k", "m").
+  if (unit == "b") unit.clear();
+  else if (unit.size() == 3 && unit.compare(1, 2, "ib") == 0) unit.resize(1);
+  else if (unit.size() == 2 && (unit[1] == 'b' || unit[1] == 'i')) unit.resize(1);
+  double mul = 1;
+  if (unit == "k") mul = 1024.0;
+  else if (unit == "m") mul = 1024.0 * 1024;
+  else if (unit == "g") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) return std::nullopt;
+  // 2^64 and beyond do not fit (converting them is undefined): "1e30", "16777216T".
+  const double bytes = v * mul;
+  if (!(bytes < 18446744073709551616.0)) return std::nullopt;
+  if (bytes != std::floor(bytes)) return std::nullopt;  // "1.5" bytes, "0.1K": not a whole number
+  return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace hmc_text
+#endif
