@@ -441,7 +441,20 @@ Status CommImpl::finalize() {
   // here failed or never came).
   // A peer released from the barrier first closes its connections, which this rank may see
   // before its own release: no warning for that (a peer that really died fails the barrier).
-  finalizing_ = true;
+  // A rendezvous that came for a receive this rank never posted is refused now (and one
+  // that comes later, as it arrives): its sender's finalize waits for it otherwise, and
+  // the barrier then fails both ranks at the deadline.
+  {
+    std::lock_guard lock(mu_);
+    finalizing_ = true;
+    for (auto& p : peers_) {
+      std::erase_if(p.unexpected, [&](const Unexpected& u) {
+        if (u.type != MsgType::kRts) return false;
+        if (p.lost.ok()) refuse_unreceived(p, u.sender_id, u.size);
+        return true;
+      });
+    }
+  }
   Status s = answering_barrier(deadline, "hmc-finalize");
   Status bye;
   bool unregister = false;

@@ -288,6 +288,9 @@ class CommImpl : public Progressable {
   bool ended(Peer& p, void* req, const OnEnd& end);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
+  // Once finalize() reached its barrier: refuses a rendezvous nobody here will receive,
+  // so that its sender's finalize does not wait for it until the deadline.
+  void refuse_unreceived(Peer& p, uint64_t sender_id, uint64_t size);
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
   void start_rndv_recv(Peer& p, RecvOp r, uint64_t sender_id, uint64_t size, uint64_t rts_flags,
                        const uint8_t* key = nullptr, std::size_t key_len = 0);

@@ -231,6 +231,12 @@ void CommImpl::deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_
   r.op->complete(size);
 }
 
+void CommImpl::refuse_unreceived(Peer& p, uint64_t sender_id, uint64_t size) {
+  const std::string text = "rank " + std::to_string(rank_) + " reached finalize() without a receive for it";
+  post_msg(p, MsgType::kNak, 0, sender_id, size, static_cast<uint64_t>(ErrorCode::kFinalized), text.data(),
+           text.size(), nullptr);
+}
+
 Status CommImpl::copy_in(void* dst, const void* src, std::size_t bytes, bool device) {
   if (device) return ctx_.copy(dst, src, bytes);
   if (bytes) std::memcpy(dst, src, bytes);
@@ -615,6 +621,7 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
         else start_rndv_recv(p, std::move(r), h.id, h.size, h.aux, payload, payload_len);
         return;
       }
+      if (!eager && finalizing_.load()) return refuse_unreceived(p, h.id, h.size);
       // An RTS keeps only what kRtsGet carries (the sender's key).
       const bool keep = eager || (h.aux & kRtsGet);
       p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id, h.aux,
