@@ -147,7 +147,9 @@ class Communicator {
   Status barrier();
   // Fails every pending and future operation with kAborted; safe at any time.
   void abort();
-  // Orderly shutdown; later calls fail with kFinalized.
+  // Orderly shutdown; later calls fail with kFinalized. Waits for this rank's sends; a
+  // rendezvous-sized message that came for a receive never posted here is refused, and
+  // its send fails on the sender with kFinalized (an eager one is dropped).
   Status finalize();
 
   core::CommImpl& impl() { return *impl_; }
