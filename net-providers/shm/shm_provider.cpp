@@ -24,9 +24,10 @@
  * If CMA is not permitted (EPERM, ENOSYS, a pid namespace that hides the
  * peer) the connection falls back to sending put data through the socket,
  * where the target checks and acks as in tcp (logged once, at info).
- * init calls prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) so Yama-restricted
- * kernels let peers attach: any process of the same user may then write this
- * process's memory, which is what single copy needs (HMC_SHM_CMA=0 avoids it).
+ * A process's first shm connection calls prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)
+ * so Yama-restricted kernels let peers attach: any process of the same user may then
+ * write this process's memory, which is what single copy needs (HMC_SHM_CMA=0 avoids
+ * it; a process that makes no shm connection never calls it).
  * Messages go through a shared-memory ring per connection and direction
  * (common/msg_ring.h) that the receiver's caller threads read from `progress`,
  * so a small message costs no system call and no thread hop while both sides
@@ -77,7 +78,8 @@ const hmc_param_t kParams[] = {
      "directory of the listening Unix sockets (filesystem paths work across network namespaces); "
      "each process's first shm provider unlinks the sockets there that this user's processes, gone, left"},
     {"HMC_SHM_CMA", "bool", "1",
-     "single-copy puts with process_vm_writev; 0 sends put data through the socket"},
+     "single-copy puts with process_vm_writev (a process's first shm connection then lets any process "
+     "of its user attach to it, for Yama's ptrace_scope 1); 0 sends put data through the socket"},
     {"HMC_SHM_MAP", "bool", "1",
      "single-copy puts into a peer region in a shared file sealed against shrinking "
      "(HMC_ALLOC_SHAREABLE memory) map it and use memcpy; 0 always uses process_vm_writev"},
@@ -129,9 +131,6 @@ class ShmProvider final : public hmc_net::StreamProvider {
     }
     if (int stale = sweep_stale_sockets(dir_); stale > 0)
       host().log(HMC_LOG_DEBUG, "unlinked " + std::to_string(stale) + " socket file(s) of processes gone from " + dir_);
-    if (cma_ && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
-      host().log(HMC_LOG_DEBUG, std::string("prctl(PR_SET_PTRACER) failed: ") + strerror(errno));
-    }
     if (cma_ && !regions().share_descriptors(why)) {
       host().log(HMC_LOG_INFO, why + "; peers check puts into this process with process_vm_readv");
       why.clear();
@@ -154,6 +153,7 @@ class ShmProvider final : public hmc_net::StreamProvider {
       return false;
     }
     const int pid = cred.pid;
+    if (cma_) allow_peers_to_attach();
     conn.set_peer_pid(pid);
     std::string who = "pid " + std::to_string(pid);
     conn.set_peer(conn.peer().empty() ? who : who + " at " + conn.peer());
@@ -166,6 +166,17 @@ class ShmProvider final : public hmc_net::StreamProvider {
   }
 
   int direct_put(Connection& conn, DirectPut& put, size_t budget, std::string& why) override;
+
+  // Yama-restricted kernels (ptrace_scope 1) let a peer write this process's memory only if
+  // the process allows it: once, when its first shm connection opens (before anything
+  // tells the peer where to write), not at init, which every process that loads the
+  // plugin runs. It stays for the process's life: another context may still use it.
+  void allow_peers_to_attach() {
+    static std::atomic<bool> allowed{false};
+    if (allowed.exchange(true)) return;
+    if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL)
+      host().log(HMC_LOG_DEBUG, std::string("prctl(PR_SET_PTRACER) failed: ") + strerror(errno));
+  }
 
   bool uses_rings() const override { return true; }
 
