@@ -239,7 +239,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_reading();
   void wait_readable();
   void read_loop();
-  void read_turn();
+  // Reads and handles what the socket holds; `to_end`: until the kernel has nothing more
+  // (or the end, or an error, which it leaves to the caller), without yielding.
+  void read_turn(bool to_end = false);
+  // The write side failed: reads what the peer sent before (read_turn to the end).
+  void read_rest();
   bool drain_stage();
   bool on_header();
   void begin_payload(Sink sink, char* dest, uint64_t total);

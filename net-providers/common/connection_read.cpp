@@ -63,8 +63,8 @@ void Connection::read_loop() {
   flush_wake();  // what the last step completed
 }
 
-void Connection::read_turn() {
-  for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+void Connection::read_turn(bool to_end) {
+  for (int turn = 0; to_end || turn < kReadsPerTurn; ++turn) {
     if (!drain_stage()) return;
     // Everything one read brought in is handled: wake the host once for it
     // now, not after the next read (which usually only says "nothing more").
@@ -89,17 +89,30 @@ void Connection::read_turn() {
     }
     if (closed()) return;
     if (would_block(ec)) {
-      wait_readable();
+      if (!to_end) wait_readable();
       return;
     }
     if (ec) {
-      lost(ec);
+      if (!to_end) lost(ec);
       return;
     }
   }
   boost::asio::post(owner_.io(), [self = shared_from_this()] {
     if (!self->closed()) self->read_loop();
   });
+}
+
+// A write failed because the peer reset the connection or went: the messages it sent
+// before are still in the socket, ahead of the reset, and close() would discard them
+// (its receives would fail as PEER_LOST although every byte arrived).
+void Connection::read_rest() {
+  if (held_ || closed()) return;
+  try {
+    read_turn(true);
+  } catch (const std::exception&) {
+    // close() follows at once with the write's error
+  }
+  flush_wake();
 }
 
 bool Connection::drain_stage() {

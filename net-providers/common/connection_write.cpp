@@ -218,8 +218,11 @@ void Connection::write_more() {
 }
 
 void Connection::on_written(const boost::system::error_code& ec) {
+  if (!closed() && ec) {
+    read_rest();  // writing_ still set: what it handles queues no write
+    if (!closed()) lost(ec);
+  }
   writing_ = false;
-  if (!closed() && ec) lost(ec);
   if (closed()) {
     batch_.clear();  // requests were failed by close()
     return;
