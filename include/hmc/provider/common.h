@@ -1,8 +1,10 @@
 /*
  * HMC provider ABI: definitions shared by device and net providers.
  *
- * This header is C, frozen per ABI version: later versions only append fields
- * to the end of a struct and bump the version. Nothing here may depend on C++.
+ * This header is C. Within an ABI version structs and tables grow only at their
+ * end, each reader going by the struct_size it is given (docs/provider-guide.md);
+ * the loader requires the exact version, so a bump breaks every older provider and
+ * is kept for changes that cannot be appended. Nothing here may depend on C++.
  *
  * Return codes: 0 ok, 1 in progress, negative errors (HMC_PROV_ERR_*).
  */
