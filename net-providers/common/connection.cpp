@@ -275,11 +275,15 @@ void Connection::caller_put(std::unique_lock<std::mutex>& lock, DirectPut& put, 
     return;
   }
   if (!send_q_.empty()) kick_locked();
+  const int state = state_.load(std::memory_order_relaxed);
+  const std::string failed = state < 0 ? why_ : std::string();
   lock.unlock();
   if (rc == HMC_PROV_OK) {
     req->complete(put.len);
+  } else if (rc == kDirectUseStream && state < 0) {
+    req->fail(state, failed);  // the connection ended meanwhile: its reason, not the refusal
   } else if (rc == kDirectUseStream) {
-    req->fail(HMC_PROV_ERR_UNSUPPORTED, "put to " + peer_ + ": direct write refused");
+    req->fail(HMC_PROV_ERR_UNSUPPORTED, "put to " + peer_ + ": direct write refused after the message ring was set up");
   } else {
     req->fail(rc, why);
   }

@@ -280,11 +280,16 @@ class ShmProvider final : public hmc_net::StreamProvider {
   std::atomic<uint64_t> counter_{0};
 };
 
-// CMA is not allowed toward this peer: this and later puts use the socket.
+// CMA is not allowed toward this peer: this and later puts use the socket, unless
+// messages already go through the peer's ring (a put on the socket would fall behind
+// them): then they fail (UNSUPPORTED).
 int ShmProvider::fall_back(Connection& conn, int err) {
   conn.disable_direct();
-  host().log(HMC_LOG_INFO, "cross-memory attach to " + conn.peer() + " unavailable (" +
-                               strerror(err) + "); puts on this connection go through the socket");
+  const bool ring = conn.put_ring() != nullptr && conn.put_ring()->carries_messages();
+  host().log(ring ? HMC_LOG_WARN : HMC_LOG_INFO,
+             "cross-memory attach to " + conn.peer() + " unavailable (" + strerror(err) + "); " +
+                 (ring ? "puts on this connection fail from now on (its messages use the peer's ring)"
+                       : "puts on this connection go through the socket"));
   return hmc_net::kDirectUseStream;
 }
 
