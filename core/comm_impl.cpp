@@ -346,12 +346,14 @@ void CommImpl::fail_pending(Peer& p, const Status& why) {
 
 void CommImpl::close_connections() {
   for (auto& p : peers_) {
-    if (!p.net) continue;
     // The handle goes with the connection (as in mark_lost): nothing below may use it again.
-    if (p.conn) p.net->net->close_conn(p.net->state, std::exchange(p.conn, nullptr));
-    // Closed connections (here, or earlier when the peer was lost) fail their requests:
-    // collect them so nothing leaks.
-    auto until = Clock::now() + std::chrono::seconds(2);
+    if (p.net && p.conn) p.net->net->close_conn(p.net->state, std::exchange(p.conn, nullptr));
+  }
+  // Closed connections (here, or earlier when the peer was lost) fail their requests:
+  // collect them so nothing leaks, for 2 s at most in all (under mu_).
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  for (auto& p : peers_) {
+    if (!p.net) continue;
     auto pending = [&] { return !p.inflight.empty() || std::any_of(p.ctrl.begin(), p.ctrl.end(), [](auto& s) { return s.req; }); };
     while (pending() && Clock::now() < until) progress_peer(p);
   }
