@@ -189,12 +189,17 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
   return c;
 }
 
-std::string Config::bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const {
-  if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";
-  std::string prefix = "HMC_" + owner + "_";
+std::string param_prefix(const std::string& provider) {
+  std::string prefix = "HMC_" + provider + "_";
   // Upper case, '-' as '_': a shell exports no name with a '-'.
   std::transform(prefix.begin(), prefix.end(), prefix.begin(),
                  [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
+  return prefix;
+}
+
+std::string Config::bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const {
+  if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";
+  const std::string prefix = param_prefix(owner);
   for (std::size_t i = 0; i < n; ++i) {
     const hmc_param_t& p = params[i];
     if (!p.name || !p.type) return "parameter " + std::to_string(i) + " without name or type";

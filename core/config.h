@@ -60,6 +60,9 @@ class Config {
   std::map<std::string, std::pair<std::string, std::string>> values_;  // name -> (value, source)
 };
 
+// "HMC_<PROVIDER>_": what each of a provider's parameters must be named.
+std::string param_prefix(const std::string& provider);
+
 // Parsers shared with tools: "64K", "4MiB", "1G" -> bytes; "30s", "500ms", "2m", "10" (s).
 std::optional<uint64_t> parse_size(const std::string& text);
 // At most kMostDuration (10 years): deadlines past the steady clock's range would wrap.

@@ -248,9 +248,19 @@ Result<std::unique_ptr<PluginRegistry>> PluginRegistry::load(Config& config, Pro
       HMC_RETURN_IF_ERROR(reg->load_one({"device", "cpu", ""}, false, config, engine));
     }
   }
-  for (const auto& [name, source] : config.unclaimed())
-    HMC_LOG("core", warn, "unknown setting {} ({}) is ignored (hmc-probe config lists them all)", name,
-            source == "option" ? "in ContextOptions" : "in the environment");
+  for (const auto& [name, source] : config.unclaimed()) {
+    const char* where = source == "option" ? "in ContextOptions" : "in the environment";
+    // A provider found but not used registered no parameters: a cluster-wide HMC_SHM_DIR
+    // with HMC_PROVIDERS=cpu,tcp is no typo.
+    auto owner = std::find_if(reg->report_.begin(), reg->report_.end(), [&](const ProviderInfo& p) {
+      const std::string prefix = param_prefix(p.name);
+      return !p.available && name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0;
+    });
+    if (owner != reg->report_.end())
+      HMC_LOG("core", info, "setting {} ({}) is for provider {}, not used here: {}", name, where, owner->name, owner->reason);
+    else
+      HMC_LOG("core", warn, "unknown setting {} ({}) is ignored (hmc-probe config lists them all)", name, where);
+  }
   return reg;
 }
 

@@ -40,4 +40,5 @@ for e in j["config"]:
     print("| `%s` | %s | %s | %s | %s |" % (e["name"], e["type"], default, owner, text.replace("|", "\\|")))
 print("""
 `launcher` rows are variables set by torchrun or mpirun that `Communicator::from_env` reads.
-Unknown `HMC_*` variables are reported at warn level when a Context is created (typos).""")
+Unknown `HMC_*` variables are reported at warn level when a Context is created (typos);
+those of a provider that was found but is not used (not selected, unavailable) only at info.""")

@@ -10,6 +10,7 @@
 #include "hmc/context.h"
 #include "hmc/stream.h"
 #include "hmc/provider/net.h"
+#include "stderr_capture.h"
 
 using namespace hmc;
 
@@ -152,6 +153,18 @@ TEST_CASE("a provider reads every size libhmc lets through", "[loader][config]")
   }
   auto bad = Context::create({{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_TCP_SOCKBUF", "1.5"}}});  // no half bytes
   CHECK(bad.status().code() == ErrorCode::kInvalidArgument);
+}
+
+// A provider that was found but is not used registered no parameters: its settings are
+// no typos (a cluster-wide HMC_SHM_DIR with HMC_PROVIDERS=cpu,tcp), and draw no warning.
+TEST_CASE("a setting of a provider not used here is not reported as unknown", "[loader][config]") {
+  const std::string said = hmc::test::stderr_of([] {
+    auto ctx = Context::create({{{"HMC_PROVIDERS", "cpu,tcp"}, {"HMC_SHM_DIR", "/tmp"}, {"HMC_SHMM_DIR", "/tmp"}}});
+    CHECK(ctx.ok());
+  });
+  INFO(said);
+  CHECK(said.find("unknown setting HMC_SHM_DIR") == std::string::npos);
+  CHECK(said.find("unknown setting HMC_SHMM_DIR") != std::string::npos);  // a typo still is
 }
 
 TEST_CASE("device memory API allocates, copies and tracks on the cpu provider", "[memory]") {
