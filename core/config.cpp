@@ -15,8 +15,6 @@ extern char** environ;
 namespace hmc::core {
 namespace {
 
-using hmc_text::number_and_unit;
-
 const char* type_name(ParamType t) {
   switch (t) {
     case ParamType::kString: return "string";
@@ -40,32 +38,10 @@ std::optional<ParamType> type_from_name(const std::string& s) {
   return std::nullopt;
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
-std::optional<double> duration_us(const std::string& text);  // below
-
 Status validate(const ParamDef& def, const std::string& value) {
-  bool good = true;
-  switch (def.type) {
-    case ParamType::kInt: {
-      char* end = nullptr;
-      errno = 0;
-      std::strtoll(value.c_str(), &end, 10);
-      good = !value.empty() && *end == '\0' && errno == 0;
-      break;
-    }
-    case ParamType::kSize: good = parse_size(value).has_value(); break;
-    case ParamType::kBool: good = parse_bool(value).has_value(); break;
-    case ParamType::kDuration:
-      good = parse_duration(value).has_value();
-      if (!good && duration_us(value))
-        return {ErrorCode::kInvalidArgument, "malformed " + def.name + "='" + value + "': longer than 10 years, the most a duration may be"};
-      break;
-    default: break;
-  }
+  const bool good = def.type == ParamType::kForeign || hmc_text::valid(type_name(def.type), value);
+  if (!good && def.type == ParamType::kDuration && hmc_text::duration_us(value))
+    return {ErrorCode::kInvalidArgument, "malformed " + def.name + "='" + value + "': longer than 10 years, the most a duration may be"};
   if (!def.choices.empty() && std::find(def.choices.begin(), def.choices.end(), value) == def.choices.end()) {
     std::string expected;
     for (std::size_t i = 0; i < def.choices.size(); ++i)
@@ -82,40 +58,18 @@ Status validate(const ParamDef& def, const std::string& value) {
 
 std::optional<uint64_t> parse_size(const std::string& text) { return hmc_text::parse_size(text); }
 
-namespace {
-
-// A duration in microseconds, however long.
-std::optional<double> duration_us(const std::string& text) {
-  auto parsed = number_and_unit(text);
-  if (!parsed) return std::nullopt;
-  const auto& [v, unit] = *parsed;
-  double us;
-  if (unit.empty() || unit == "s") us = v * 1e6;
-  else if (unit == "us") us = v;
-  else if (unit == "ms") us = v * 1e3;
-  else if (unit == "m" || unit == "min") us = v * 60e6;
-  else if (unit == "h") us = v * 3600e6;
-  else return std::nullopt;
-  return us;
-}
-
-}  // namespace
 
 // Deadlines are the steady clock's now plus a duration, in nanoseconds of int64_t: about 292
 // years from the clock's start. Longer ones would wrap into the past ("HMC_CREDIT_WAIT=1e10",
 // meant as never), so a duration is at most kMostDuration.
 std::optional<std::chrono::microseconds> parse_duration(const std::string& text) {
-  auto us = duration_us(text);
-  if (!us || !(*us <= static_cast<double>(kMostDuration.count()))) return std::nullopt;
+  static_assert(hmc_text::kMostDurationUs == static_cast<double>(kMostDuration.count()));
+  auto us = hmc_text::duration_us(text);
+  if (!us || !(*us <= hmc_text::kMostDurationUs)) return std::nullopt;
   return std::chrono::microseconds(static_cast<int64_t>(*us));
 }
 
-std::optional<bool> parse_bool(const std::string& text) {
-  std::string s = lower(text);
-  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
-  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  return std::nullopt;
-}
+std::optional<bool> parse_bool(const std::string& text) { return hmc_text::parse_bool(text); }
 
 const std::vector<ParamDef>& Config::core_params() {
   static const std::vector<ParamDef> kParams = {

@@ -47,6 +47,7 @@
 #include "catch_run.h"
 #include "hmc/provider/device.h"
 #include "param_defaults.h"
+#include "param_rules.h"
 
 extern char** environ;
 
@@ -117,13 +118,14 @@ struct Host {
 };
 
 // The plugin's parameters as libhmc would see them: every HMC_* variable of the
-// environment except the kit's own HMC_CONFORMANCE_*.
+// environment except the kit's own HMC_CONFORMANCE_* and empty ones (unset).
 std::map<std::string, std::string> environment_config() {
   std::map<std::string, std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const size_t eq = entry.find('=');
-    if (eq == std::string::npos || entry.rfind("HMC_", 0) != 0 || entry.rfind("HMC_CONFORMANCE_", 0) == 0) {
+    if (eq == std::string::npos || eq + 1 == entry.size() || entry.rfind("HMC_", 0) != 0 ||
+        entry.rfind("HMC_CONFORMANCE_", 0) == 0) {
       continue;
     }
     out[entry.substr(0, eq)] = entry.substr(eq + 1);
@@ -609,26 +611,8 @@ TEST_CASE("the provider table is well formed", "[conformance][table]") {
           CHECK(p->ipc_extent != nullptr);
           CHECK((p->caps & HMC_DEV_CAP_IPC) != 0);
         }
-        // Parameters: HMC_<NAME>_*, typed, documented, each listed once.
-        CHECK((p->num_params == 0 || p->params != nullptr));
-        std::string prefix = std::string("HMC_") + p->name + "_";
-        std::transform(prefix.begin(), prefix.end(), prefix.begin(),  // as libhmc: '-' as '_'
-                       [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
-        std::vector<std::string> seen;
-        for (size_t i = 0; p->params != nullptr && i < p->num_params; ++i) {
-          const hmc_param_t& q = p->params[i];
-          REQUIRE(q.name != nullptr);
-          INFO("parameter " << q.name);
-          CHECK(std::string(q.name).rfind(prefix, 0) == 0);
-          CHECK(std::find(seen.begin(), seen.end(), q.name) == seen.end());
-          seen.emplace_back(q.name);
-          REQUIRE(q.type != nullptr);
-          const std::string type = q.type;
-          CHECK((type == "size" || type == "int" || type == "bool" || type == "duration" || type == "list" ||
-                 type == "string"));
-          CHECK(q.default_value != nullptr);
-          CHECK((q.help != nullptr && q.help[0] != '\0'));
-        }
+        // Parameters: HMC_<NAME>_*, typed, documented, each listed once, defaults that parse.
+        hmc::conformance::check_params(p->name, p->params, p->num_params);
       }
       dlclose(dl);
     }

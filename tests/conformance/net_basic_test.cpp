@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "net_kit.h"
+#include "param_rules.h"
 
 using namespace hmc_conformance;
 
@@ -85,25 +86,7 @@ TEST_CASE("net: the provider table is well formed", "[net][table]") {
         CHECK(p->get != nullptr);
       }
 
-      CHECK((p->num_params == 0 || p->params != nullptr));
-      std::set<std::string> names;
-      const std::set<std::string> types = {"size", "int", "bool", "duration", "list", "string"};
-      for (size_t i = 0; p->params != nullptr && i < p->num_params; ++i) {
-        const hmc_param_t& q = p->params[i];
-        REQUIRE(q.name != nullptr);
-        INFO("parameter " << q.name);
-        // HMC_<NAME>_*, as the device kit wants too: names of two providers cannot clash.
-        std::string prefix = std::string("HMC_") + p->name + "_";
-        std::transform(prefix.begin(), prefix.end(), prefix.begin(),  // as libhmc: '-' as '_'
-                       [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
-        CHECK(std::string(q.name).rfind(prefix, 0) == 0);
-        CHECK(names.insert(q.name).second);
-        REQUIRE(q.type != nullptr);
-        CHECK(types.contains(q.type));
-        CHECK(q.default_value != nullptr);
-        REQUIRE(q.help != nullptr);
-        CHECK(std::strlen(q.help) > 0);
-      }
+      hmc::conformance::check_params(p->name, p->params, p->num_params);
       dlclose(dl);
     }
   }

@@ -105,7 +105,8 @@ Config env_config() {
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv = *e;
     auto eq = kv.find('=');
-    if (eq == std::string::npos || kv.rfind("HMC_", 0) != 0 ||
+    // An empty variable is unset, as for libhmc (core/config.cpp).
+    if (eq == std::string::npos || eq + 1 == kv.size() || kv.rfind("HMC_", 0) != 0 ||
         kv.rfind("HMC_CONFORMANCE_", 0) == 0) {
       continue;
     }

@@ -45,6 +45,7 @@ TEST_CASE("the loader says why it refused each plugin", "[loader]") {
                  // would have changed core's default and failed every context whose user set
                  // HMC_TIMEOUT=30s). A name of core's inside the prefix: test_config.cpp.
                  Want{"fakecores", "refused: parameter HMC_TIMEOUT is not named HMC_FAKECORES_*"},
+                 Want{"fakebaddefault", "refused: parameter HMC_FAKEBADDEFAULT_WAIT's default 'soon' is not a valid duration"},
                  // A reason without a NUL is cut at its buffer's end, not read past it.
                  Want{"fakelongwhy", "unavailable: xxxxxxxx"}}) {
     INFO(w.name);

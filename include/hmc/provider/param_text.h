@@ -5,9 +5,11 @@
 #ifdef __cplusplus
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -55,6 +57,50 @@ inline std::optional<uint64_t> parse_size(const std::string& text) {
   if (!(bytes < 18446744073709551616.0)) return std::nullopt;
   if (bytes != std::floor(bytes)) return std::nullopt;  // "1.5" bytes, "0.1K": not a whole number
   return static_cast<uint64_t>(bytes);
+}
+
+// A duration in microseconds, however long: "500us", "20ms", "30s", "2m", "1h", "10" (s).
+inline std::optional<double> duration_us(const std::string& text) {
+  auto parsed = number_and_unit(text);
+  if (!parsed) return std::nullopt;
+  const auto& [v, unit] = *parsed;
+  if (unit.empty() || unit == "s") return v * 1e6;
+  if (unit == "us") return v;
+  if (unit == "ms") return v * 1e3;
+  if (unit == "m" || unit == "min") return v * 60e6;
+  if (unit == "h") return v * 3600e6;
+  return std::nullopt;
+}
+
+// The longest duration libhmc takes: deadlines past the steady clock's range would wrap.
+inline constexpr double kMostDurationUs = 10.0 * 365 * 86400 * 1e6;
+
+// "1", "true", "yes", "on" and "0", "false", "no", "off", in any case.
+inline std::optional<bool> parse_bool(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  return std::nullopt;
+}
+
+// Whether `text` is a value of the parameter type `type` ("int", "size", "bool",
+// "duration"; "list" and "string" take any text), as libhmc checks before a provider's
+// init: a provider's default must pass too.
+inline bool valid(const std::string& type, const std::string& text) {
+  if (type == "int") {
+    char* end = nullptr;
+    errno = 0;
+    std::strtoll(text.c_str(), &end, 10);
+    return !text.empty() && *end == '\0' && errno == 0;
+  }
+  if (type == "size") return parse_size(text).has_value();
+  if (type == "bool") return parse_bool(text).has_value();
+  if (type == "duration") {
+    const auto us = duration_us(text);
+    return us && *us <= kMostDurationUs;
+  }
+  return type == "list" || type == "string";
 }
 
 }  // namespace hmc_text

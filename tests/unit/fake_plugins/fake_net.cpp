@@ -31,6 +31,7 @@ int init_unavailable(const hmc_host_services_t*, void**, char* reason, size_t le
 
 [[maybe_unused]] const hmc_param_t kUnnamed[] = {{nullptr, "int", "0", "a parameter without a name"}};
 [[maybe_unused]] const hmc_param_t kCores[] = {{"HMC_TIMEOUT", "int", "5", "core's setting, retyped"}};
+[[maybe_unused]] const hmc_param_t kBadDefault[] = {{"HMC_FAKEBADDEFAULT_WAIT", "duration", "soon", "a default that is no duration"}};
 
 [[maybe_unused]] int init_ok(const hmc_host_services_t*, void** state, char*, size_t) {
   *state = nullptr;
@@ -88,6 +89,9 @@ hmc_net_provider_t make_table() {
   t.init = init_unterminated;
 #elif FAKE_KIND == 12
   t.params = kCores;
+  t.num_params = 1;
+#elif FAKE_KIND == 13
+  t.params = kBadDefault;
   t.num_params = 1;
 #endif
   t.listen = [](void*, const char*, void*, size_t, size_t*, void**) { return -1; };
