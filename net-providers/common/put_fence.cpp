@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -13,12 +14,9 @@
 namespace hmc_net {
 namespace {
 
-// The process has exited (a zombie too: it writes no more, and its parent may not have
-// reaped it yet).
-bool gone(pid_t pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+// Whether the task whose stat file this is has exited (Z, X); false when unreadable.
+bool task_exited(const std::filesystem::path& stat_file) {
+  std::ifstream stat(stat_file);
   std::string line;
   if (!std::getline(stat, line)) return false;
   const size_t paren = line.rfind(')');
@@ -28,6 +26,19 @@ bool gone(pid_t pid) {
 
 }  // namespace
 
+// A zombie leader with threads still running is a process whose main thread called
+// pthread_exit: its other threads may still be copying a put step.
+bool process_gone(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  const std::filesystem::path proc = "/proc/" + std::to_string(pid);
+  if (!task_exited(proc / "stat")) return false;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(proc / "task", ec))
+    if (!task_exited(task.path() / "stat")) return false;
+  return true;
+}
+
 void PutFence::closed(Ring r) {
   if (!r.ring || !r.ring->shut_puts()) return;  // no step under way: none can begin now
   std::lock_guard lock(mu_);
@@ -36,7 +47,7 @@ void PutFence::closed(Ring r) {
 }
 
 void PutFence::prune_locked() {
-  std::erase_if(closing_, [](const Ring& r) { return r.ring->put_region() == 0 || gone(r.writer); });
+  std::erase_if(closing_, [](const Ring& r) { return r.ring->put_region() == 0 || process_gone(r.writer); });
 }
 
 void PutFence::wait(uint64_t id, std::vector<Ring> marked, Host& host) {
@@ -67,7 +78,7 @@ void PutFence::settle(const Ring& r, uint64_t mark, Host& host) {
   const int64_t start = SharedRing::now_ns();
   for (int spins = 0; running(); ++spins) {
     const int64_t waited = SharedRing::now_ns() - start;
-    if (waited > 1'000'000 && gone(r.writer)) return;  // died in the step: it writes no more
+    if (waited > 1'000'000 && process_gone(r.writer)) return;  // died in the step: it writes no more
     if (waited > kPatienceNs) {
       const std::string what = mark == 0 ? "memory of this process" : "region " + std::to_string(mark - 1);
       host.log(HMC_LOG_ERROR, "a put from process " + std::to_string(r.writer) + " into " + what +

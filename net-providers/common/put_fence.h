@@ -20,6 +20,11 @@
 
 namespace hmc_net {
 
+// Whether process `pid` has exited, a zombie its parent did not reap yet included: it
+// writes no more. Not while any of its threads runs (its main thread may have left by
+// pthread_exit while another copies a put step).
+bool process_gone(pid_t pid);
+
 class PutFence {
  public:
   struct Ring {

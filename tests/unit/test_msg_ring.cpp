@@ -2,7 +2,9 @@
 // a writer and a reader thread, each with its own mapping of one memfd, as two processes
 // would have; and the put marks a deregistration waits for (put_fence.h).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -292,4 +294,44 @@ TEST_CASE("put fence: a writer that died in its step is not waited for, unreaped
   fence.wait(2, {{ring, child}}, host);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
   CHECK(fence_logs.empty());
+}
+
+// The put fence stops waiting for a writer that is gone. A process whose main thread left
+// by pthread_exit shows as a zombie while its other threads still run (and may copy a put
+// step): that one is not gone until its last thread is.
+TEST_CASE("put fence: a process whose main thread left while another runs is not gone", "[ring][put]") {
+  int ends[2];
+  REQUIRE(pipe(ends) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(ends[1]);
+    std::thread([fd = ends[0]] {  // lives until the parent closes its end of the pipe
+      char c;
+      while (read(fd, &c, 1) > 0) {
+      }
+      _exit(0);
+    }).detach();
+    syscall(SYS_exit, 0);  // this thread alone, without unwinding into Catch (pthread_exit would)
+  }
+  close(ends[0]);
+  struct Reap {  // however the checks end: the child exits and is reaped
+    pid_t pid;
+    int fd;
+    ~Reap() {
+      if (fd >= 0) close(fd);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{child, ends[1]};
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the main thread has left
+  CHECK_FALSE(hmc_net::process_gone(child));
+  close(reap.fd);  // the remaining thread ends the process
+  reap.fd = -1;
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    gone = hmc_net::process_gone(child);  // a zombie, not reaped yet
+  }
+  CHECK(gone);
 }
