@@ -27,13 +27,25 @@
 
 namespace ucx_test {
 
+// Whether a plugin that does not start fails the case (HMC_UCX_TESTS_REQUIRE=1, which
+// ctest sets: the plugin was built, so init breaking is a regression), or skips it.
+inline bool ucx_required() {
+  const char* v = std::getenv("HMC_UCX_TESTS_REQUIRE");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // True, with a warning that the case is skipped, where the ucx provider did not load.
 inline bool ucx_missing() {
   auto ctx = hmc::Context::create();
+  std::string why = ctx ? "not found" : ctx.status().to_string();
   if (ctx)
     for (const auto& p : ctx->providers())
-      if (p.name == "ucx" && p.available) return false;
-  WARN("ucx provider unavailable here: skipped");
+      if (p.name == "ucx") {
+        if (p.available) return false;
+        why = p.reason;
+      }
+  if (ucx_required()) FAIL("ucx provider unavailable (" << why << "), and HMC_UCX_TESTS_REQUIRE=1");
+  WARN("ucx provider unavailable here (" << why << "): skipped");
   return true;
 }
 
@@ -133,6 +145,7 @@ struct Plugin {
   // True, with a warning that the case is skipped, where the plugin did not start.
   bool missing() const {
     if (state != nullptr) return false;
+    if (ucx_required()) FAIL("ucx provider unavailable (" << reason << "), and HMC_UCX_TESTS_REQUIRE=1");
     WARN("ucx provider unavailable here (" << reason << "): skipped");
     return true;
   }
