@@ -420,6 +420,21 @@ Status CommImpl::finalize() {
   if (state_.load() == 2) wait_abort_done();
   HMC_RETURN_IF_ERROR(usable());
   auto deadline = ctx_.deadline();
+  // A rendezvous that came for a receive this rank never posted is refused now, and one
+  // that comes later as it arrives: its sender's drain below waits for it otherwise (two
+  // ranks that each left the other one waited for each other), and the barrier then
+  // fails both at the deadline.
+  {
+    std::lock_guard lock(mu_);
+    refuse_unreceived_ = true;
+    for (auto& p : peers_) {
+      std::erase_if(p.unexpected, [&](const Unexpected& u) {
+        if (u.type != MsgType::kRts) return false;
+        if (p.lost.ok()) refuse_unreceived(p, u.sender_id, u.size);
+        return true;
+      });
+    }
+  }
   // Let in-flight sends drain, then agree that everyone is done before closing anything.
   const bool drained = ctx_.engine()->wait_until([&] {
     std::lock_guard lock(mu_);
@@ -443,20 +458,7 @@ Status CommImpl::finalize() {
   // here failed or never came).
   // A peer released from the barrier first closes its connections, which this rank may see
   // before its own release: no warning for that (a peer that really died fails the barrier).
-  // A rendezvous that came for a receive this rank never posted is refused now (and one
-  // that comes later, as it arrives): its sender's finalize waits for it otherwise, and
-  // the barrier then fails both ranks at the deadline.
-  {
-    std::lock_guard lock(mu_);
-    finalizing_ = true;
-    for (auto& p : peers_) {
-      std::erase_if(p.unexpected, [&](const Unexpected& u) {
-        if (u.type != MsgType::kRts) return false;
-        if (p.lost.ok()) refuse_unreceived(p, u.sender_id, u.size);
-        return true;
-      });
-    }
-  }
+  finalizing_ = true;
   Status s = answering_barrier(deadline, "hmc-finalize");
   Status bye;
   bool unregister = false;

@@ -288,7 +288,7 @@ class CommImpl : public Progressable {
   bool ended(Peer& p, void* req, const OnEnd& end);
   void handle_msg(Peer& p, const uint8_t* buf, std::size_t len);
   void deliver_eager(Peer& p, RecvOp& r, const uint8_t* data, std::size_t size);
-  // Once finalize() reached its barrier: refuses a rendezvous nobody here will receive,
+  // Once finalize() began: refuses a rendezvous nobody here will receive,
   // so that its sender's finalize does not wait for it until the deadline.
   void refuse_unreceived(Peer& p, uint64_t sender_id, uint64_t size);
   // Answers an RTS that `r` matched; `key` is the payload of a kRtsGet (else empty).
@@ -414,6 +414,7 @@ class CommImpl : public Progressable {
   std::atomic<std::thread::id> aborting_{};
   void wait_abort_done();
   std::atomic<bool> finalizing_{false};  // finalize reached its barrier
+  std::atomic<bool> refuse_unreceived_{false};  // finalize began: an unmatched RTS is refused
   uint64_t next_id_ = 1;
   bool registered_ = false;
   // Wire buffers of post_msg: one stays with its send until the provider completed it

@@ -621,7 +621,7 @@ void CommImpl::handle_msg(Peer& p, const uint8_t* buf, std::size_t len) {
         else start_rndv_recv(p, std::move(r), h.id, h.size, h.aux, payload, payload_len);
         return;
       }
-      if (!eager && finalizing_.load()) return refuse_unreceived(p, h.id, h.size);
+      if (!eager && refuse_unreceived_.load()) return refuse_unreceived(p, h.id, h.size);
       // An RTS keeps only what kRtsGet carries (the sender's key).
       const bool keep = eager || (h.aux & kRtsGet);
       p.unexpected.push_back({static_cast<MsgType>(h.type), h.tag, eager ? payload_len : h.size, h.id, h.aux,

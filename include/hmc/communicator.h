@@ -148,8 +148,10 @@ class Communicator {
   // Fails every pending and future operation with kAborted; safe at any time.
   void abort();
   // Orderly shutdown; later calls fail with kFinalized. Waits for this rank's sends; a
-  // rendezvous-sized message that came for a receive never posted here is refused, and
-  // its send fails on the sender with kFinalized (an eager one is dropped).
+  // rendezvous-sized message that came for a receive not posted when finalize() began
+  // (or that comes later and matches none) is refused, and its send fails on the sender
+  // with kFinalized (an eager one is dropped). A receive another thread posts meanwhile
+  // may thus miss its message; it fails with kFinalized at the end.
   Status finalize();
 
   core::CommImpl& impl() { return *impl_; }

@@ -431,33 +431,38 @@ TEST_CASE("an eager limit of 0 still carries rendezvous and their refusals", "[e
 }
 
 // A rendezvous send that its receiver never receives: the receiver refuses it once it
-// reaches finalize(), whether the RTS was already there (section "before") or comes while
-// it waits in finalize's barrier ("during"). Without that, the sender's finalize waited for
-// the send until HMC_TIMEOUT and both ranks' barriers then failed.
+// is in finalize(), whether the RTS was already there ("before"), comes while it waits in
+// finalize ("during"), or both ranks left the other one such a send ("both ways": each
+// one's finalize waited for its own send to be answered, the peer's refusal coming only
+// after that wait). Without the refusal the sender's finalize waited for the send until
+// HMC_TIMEOUT and both ranks' barriers then failed.
 TEST_CASE("finalize refuses a rendezvous nobody received, and neither rank waits for it", "[errors][finalize]") {
   for (const auto& provider : test::available_net_providers()) {
-    for (const bool before : {true, false}) {
-      DYNAMIC_SECTION(provider << (before ? ", before" : ", during")) {
+    for (const char* when : {"before", "during", "both ways"}) {
+      DYNAMIC_SECTION(provider << ", " << when) {
         auto env = fast(provider);
         env["HMC_TIMEOUT"] = "8s";
-        auto exits = test::run_ranks(2, env, [before](RankEnv& e) {
+        const std::string mode = when;
+        auto exits = test::run_ranks(2, env, [mode](RankEnv& e) {
           const auto t0 = std::chrono::steady_clock::now();
           auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+          const bool sends = e.rank == 0 || mode == "both ways";
+          std::vector<uint8_t> big(1 << 20, 3);
+          Request send;
           char mark = 1;
-          if (e.rank == 0) {
-            std::vector<uint8_t> big(1 << 20, 3);
-            if (!before) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 is in finalize
-            Request send = e.comm.isend(big.data(), big.size(), 1, 5);
-            if (before) HMC_EXPECT_OK(e.comm.send(&mark, 1, 1, 6));  // behind the RTS
-            Status fin = e.comm.finalize();
-            HMC_EXPECT(fin.ok(), fin.to_string());
+          if (sends) {
+            if (mode == "during") std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 is in finalize
+            send = e.comm.isend(big.data(), big.size(), 1 - e.rank, 5);
+            if (mode == "before") HMC_EXPECT_OK(e.comm.send(&mark, 1, 1, 6));  // behind the RTS
+          } else if (mode == "before") {
+            HMC_EXPECT_OK(e.comm.recv(&mark, 1, 0, 6));
+          }
+          Status fin = e.comm.finalize();
+          HMC_EXPECT(fin.ok(), fin.to_string());
+          if (sends) {
             Status s = send.wait();
             HMC_EXPECT(s.code() == ErrorCode::kFinalized, s.to_string());
             HMC_EXPECT(s.message().find("reached finalize() without a receive") != std::string::npos, s.message());
-          } else {
-            if (before) HMC_EXPECT_OK(e.comm.recv(&mark, 1, 0, 6));
-            Status fin = e.comm.finalize();
-            HMC_EXPECT(fin.ok(), fin.to_string());
           }
           HMC_EXPECT(seconds() < 4, "rank " + std::to_string(e.rank) + " took " + std::to_string(seconds()) + " s");
           return 0;
