@@ -350,12 +350,19 @@ void CommImpl::close_connections() {
     if (p.net && p.conn) p.net->net->close_conn(p.net->state, std::exchange(p.conn, nullptr));
   }
   // Closed connections (here, or earlier when the peer was lost) fail their requests:
-  // collect them so nothing leaks, for 2 s at most in all (under mu_).
+  // collect them so nothing leaks, for 2 s at most in all (under mu_), every peer in turn.
   const auto until = Clock::now() + std::chrono::seconds(2);
-  for (auto& p : peers_) {
-    if (!p.net) continue;
-    auto pending = [&] { return !p.inflight.empty() || std::any_of(p.ctrl.begin(), p.ctrl.end(), [](auto& s) { return s.req; }); };
-    while (pending() && Clock::now() < until) progress_peer(p);
+  auto pending = [](Peer& p) {
+    return p.net && (!p.inflight.empty() || std::any_of(p.ctrl.begin(), p.ctrl.end(), [](auto& s) { return s.req; }));
+  };
+  for (bool more = true; more;) {
+    more = false;
+    for (auto& p : peers_)
+      if (pending(p)) {
+        progress_peer(p);
+        more |= pending(p);
+      }
+    if (Clock::now() >= until) break;
   }
   flush_reg_cache(true);
   for (auto& [net, listener] : listeners_) net->net->close_listener(net->state, listener);
