@@ -117,7 +117,7 @@ std::unique_ptr<SharedRing> SharedRing::map(const std::string& path, const RingO
 }
 
 RingOffer SharedRing::offer() const {
-  return RingOffer{fd_, bytes_, reinterpret_cast<uint64_t>(&ctl_->probe), ctl_->nonce};
+  return RingOffer{fd_, bytes_, reinterpret_cast<uint64_t>(&ctl_->nonce), ctl_->nonce};
 }
 
 int64_t SharedRing::now_ns() {

@@ -53,7 +53,7 @@ static_assert(sizeof(RingRecord) == 16);
 struct RingOffer {
   int64_t fd = -1;          // the memfd in the offerer's fd table; -1: no ring
   uint64_t bytes = 0;       // size of the mapping
-  uint64_t probe_addr = 0;  // a word of the ring in the offerer's address space
+  uint64_t probe_addr = 0;  // where the nonce is in the offerer's address space (shm reads it there)
   // The ring's own random number (RingControl::nonce): the fd may be another ring's by
   // the time the peer opens it, when the offerer closed this connection meanwhile.
   uint64_t nonce = 0;
@@ -64,7 +64,6 @@ struct RingControl {
   uint32_t magic;
   uint32_t version;
   uint64_t capacity;  // bytes of the data area, a power of two
-  uint64_t probe;     // scratch word a peer may write to test cross-memory attach
   uint32_t messages;  // 1: the writer sends its messages here; 0: the ring is for put_region only
   uint64_t nonce;     // random, set at creation: which ring this is (RingOffer)
   alignas(64) std::atomic<uint64_t> tail;       // writer: bytes written

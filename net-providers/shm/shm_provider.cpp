@@ -33,7 +33,7 @@
  * so a small message costs no system call and no thread hop while both sides
  * poll; the socket carries a bell when the receiver has stopped polling. A
  * side writes into its peer's ring only where direct puts work (checked with
- * one process_vm_writev into the ring first), so no put goes through the
+ * one process_vm_readv of the ring's nonce first), so no put goes through the
  * socket behind a message; elsewhere, or with HMC_SHM_RING=0, messages use
  * the socket.
  * Deregistration: each direct put step is marked in the target's ring of the
@@ -294,19 +294,21 @@ int ShmProvider::fall_back(Connection& conn, int err) {
 }
 
 // Messages take the peer's ring only where direct puts work: a put through the
-// socket would fall behind the messages sent after it. One process_vm_writev
-// into the ring's probe word checks that first.
+// socket would fall behind the messages sent after it. One process_vm_readv of the
+// ring's nonce checks that first (it needs the permission a write does, and writes
+// nothing where an offer that is no longer the peer's points).
 std::unique_ptr<hmc_net::SharedRing> ShmProvider::map_peer_ring(Connection& conn,
                                                                 const hmc_net::RingOffer& offer) {
   const int pid = conn.peer_pid();
   if (offer.fd < 0 || pid <= 0 || !use_direct(conn)) return nullptr;
-  uint64_t word = 1;
+  uint64_t word = 0;
   iovec local{&word, sizeof(word)};
   iovec remote{reinterpret_cast<void*>(offer.probe_addr), sizeof(word)};
-  if (::process_vm_writev(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof(word))) {
+  if (::process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof(word))) {
     if (errno == EPERM || errno == ENOSYS) fall_back(conn, errno);
     return nullptr;
   }
+  if (word != offer.nonce) return nullptr;  // that ring is gone (map would refuse it too)
   std::string why;
   auto ring = hmc_net::SharedRing::map(
       "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(offer.fd), offer, why);
