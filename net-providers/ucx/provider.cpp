@@ -779,6 +779,8 @@ void Provider::close_locked(std::unique_lock<std::mutex>& lock, Conn* c, Clock::
                                                        (gone ? " (the peer is gone)" : ""));
   for (Request* r : fetching) r->fail(HMC_PROV_ERR_CLOSED, "connection closed");
   if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
+  // A peer that died while this close waited lands nothing more either (landing()).
+  if (!c->peer_gone && fd >= 0 && ended(fd)) c->peer_gone = true;
   if (fd >= 0) close(fd);
   auto it = conns_.find(c->id);
   retire(std::move(it->second));
