@@ -33,9 +33,9 @@ bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   const std::filesystem::path proc = "/proc/" + std::to_string(pid);
   if (!task_exited(proc / "stat")) return false;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator(proc / "task", ec))
-    if (!task_exited(task.path() / "stat")) return false;
+  std::error_code ec;  // the directory may go while it is read (the process reaped): never throw
+  for (std::filesystem::directory_iterator it(proc / "task", ec), end; !ec && it != end; it.increment(ec))
+    if (!task_exited(it->path() / "stat")) return false;
   return true;
 }
 
