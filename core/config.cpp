@@ -143,13 +143,7 @@ Result<Config> Config::load(const std::map<std::string, std::string>& overrides)
   return c;
 }
 
-std::string param_prefix(const std::string& provider) {
-  std::string prefix = "HMC_" + provider + "_";
-  // Upper case, '-' as '_': a shell exports no name with a '-'.
-  std::transform(prefix.begin(), prefix.end(), prefix.begin(),
-                 [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
-  return prefix;
-}
+std::string param_prefix(const std::string& provider) { return hmc_text::param_prefix(provider); }
 
 std::string Config::bad_params(const std::string& owner, const hmc_param_t* params, std::size_t n) const {
   if (n > 0 && !params) return std::to_string(n) + " parameters listed but no table of them";

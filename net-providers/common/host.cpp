@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 
 namespace hmc_net {
@@ -65,9 +66,11 @@ bool Host::get_int(const hmc_param_t& param, int64_t min, int64_t max, int64_t& 
                    std::string& why) const {
   std::string text;
   if (!get_string(param, text, why)) return false;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, out);
-  if (ec == std::errc() && ptr == end && !text.empty() && out >= min && out <= max) return true;
+  // libhmc's grammar (strtoll's: " 5" and "+5" too): what it let through parses here.
+  if (hmc_text::valid("int", text)) {
+    out = std::strtoll(text.c_str(), nullptr, 10);
+    if (out >= min && out <= max) return true;
+  }
   why = std::string(param.name) + ": malformed integer '" + text + "' (expected " +
         std::to_string(min) + ".." + std::to_string(max) + ")";
   return false;
@@ -80,17 +83,9 @@ bool parse_size(const std::string& text, uint64_t& out) {
 }
 
 bool parse_bool(const std::string& text, bool& out) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (t == "1" || t == "true" || t == "yes" || t == "on") {
-    out = true;
-  } else if (t == "0" || t == "false" || t == "no" || t == "off") {
-    out = false;
-  } else {
-    return false;
-  }
-  return true;
+  const auto value = hmc_text::parse_bool(text);
+  if (value) out = *value;
+  return value.has_value();
 }
 
 void copy_text(const std::string& text, char* out, size_t cap) {

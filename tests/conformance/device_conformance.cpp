@@ -117,21 +117,7 @@ struct Host {
   std::map<std::string, std::string> config;
 };
 
-// The plugin's parameters as libhmc would see them: every HMC_* variable of the
-// environment except the kit's own HMC_CONFORMANCE_* and empty ones (unset).
-std::map<std::string, std::string> environment_config() {
-  std::map<std::string, std::string> out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const size_t eq = entry.find('=');
-    if (eq == std::string::npos || eq + 1 == entry.size() || entry.rfind("HMC_", 0) != 0 ||
-        entry.rfind("HMC_CONFORMANCE_", 0) == 0) {
-      continue;
-    }
-    out[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  return out;
-}
+std::map<std::string, std::string> environment_config() { return hmc::conformance::environment_settings(); }
 
 void host_log(void*, int level, const char* provider, const char* message) {
   static const bool verbose = std::strcmp(env_or("HMC_CONFORMANCE_VERBOSE", "0"), "1") == 0;

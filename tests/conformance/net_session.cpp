@@ -18,8 +18,6 @@
 #include "net_kit.h"
 #include "param_defaults.h"
 
-extern char** environ;
-
 namespace hmc_conformance {
 
 namespace {
@@ -100,20 +98,7 @@ std::string file_provider_name(const std::string& path) {
   return base.substr(prefix.size(), base.size() - prefix.size() - 3);
 }
 
-Config env_config() {
-  Config c;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    // An empty variable is unset, as for libhmc (core/config.cpp).
-    if (eq == std::string::npos || eq + 1 == kv.size() || kv.rfind("HMC_", 0) != 0 ||
-        kv.rfind("HMC_CONFORMANCE_", 0) == 0) {
-      continue;
-    }
-    c[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return c;
-}
+Config env_config() { return hmc::conformance::environment_settings(); }
 
 bool Session::open(const std::string& plugin, Config config) {
   path = plugin;

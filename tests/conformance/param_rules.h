@@ -5,8 +5,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-#include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <set>
 #include <string>
@@ -18,9 +16,7 @@ namespace hmc::conformance {
 
 inline void check_params(const char* provider, const hmc_param_t* params, std::size_t n) {
   CHECK((n == 0 || params != nullptr));
-  std::string prefix = std::string("HMC_") + provider + "_";
-  std::transform(prefix.begin(), prefix.end(), prefix.begin(),  // as libhmc: '-' as '_'
-                 [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
+  const std::string prefix = hmc_text::param_prefix(provider);
   const std::set<std::string> types = {"size", "int", "bool", "duration", "list", "string"};
   std::set<std::string> names;
   for (std::size_t i = 0; params != nullptr && i < n; ++i) {

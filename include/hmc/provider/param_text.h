@@ -36,6 +36,15 @@ inline std::optional<std::pair<double, std::string>> number_and_unit(const std::
   return std::make_pair(v, std::move(unit));
 }
 
+// "HMC_<PROVIDER>_": how each of a provider's parameters must begin (upper case, '-' as
+// '_': a shell exports no name with a '-').
+inline std::string param_prefix(const std::string& provider) {
+  std::string prefix = "HMC_" + provider + "_";
+  std::transform(prefix.begin(), prefix.end(), prefix.begin(),
+                 [](unsigned char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
+  return prefix;
+}
+
 // A size in bytes: "1048576", "64K", "4MiB", "1.5m", "2T", "1e6"; nullopt when malformed,
 // not a whole number of bytes, or 2^64 or more.
 inline std::optional<uint64_t> parse_size(const std::string& text) {
