@@ -34,6 +34,14 @@ inline bool ucx_required() {
   return v != nullptr && std::string(v) == "1";
 }
 
+// The plugin did not start (`why`): fails the case where it is required, else warns that
+// the case is skipped. Returns true.
+inline bool unavailable(const std::string& why) {
+  if (ucx_required()) FAIL("ucx provider unavailable (" << why << "), and HMC_UCX_TESTS_REQUIRE=1");
+  WARN("ucx provider unavailable here (" << why << "): skipped");
+  return true;
+}
+
 // True, with a warning that the case is skipped, where the ucx provider did not load.
 inline bool ucx_missing() {
   auto ctx = hmc::Context::create();
@@ -44,9 +52,7 @@ inline bool ucx_missing() {
         if (p.available) return false;
         why = p.reason;
       }
-  if (ucx_required()) FAIL("ucx provider unavailable (" << why << "), and HMC_UCX_TESTS_REQUIRE=1");
-  WARN("ucx provider unavailable here (" << why << "): skipped");
-  return true;
+  return unavailable(why);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -144,10 +150,7 @@ struct Plugin {
   }
   // True, with a warning that the case is skipped, where the plugin did not start.
   bool missing() const {
-    if (state != nullptr) return false;
-    if (ucx_required()) FAIL("ucx provider unavailable (" << reason << "), and HMC_UCX_TESTS_REQUIRE=1");
-    WARN("ucx provider unavailable here (" << reason << "): skipped");
-    return true;
+    return state == nullptr && unavailable(reason);
   }
   // Listens on 127.0.0.1; the published address, empty on failure.
   std::string listen(void*& listener) const {
