@@ -111,6 +111,30 @@ Echo round_trip(const Plugin& u, void*& conn, const std::string& text) {
   return e;
 }
 
+// Three round trips, each of which must come back whole.
+void echo_three(const Plugin& u, void*& conn, const std::string& prefix) {
+  for (int i = 0; i < 3; ++i) {
+    const std::string text = prefix + " " + std::to_string(i);
+    Echo e = round_trip(u, conn, text);
+    INFO("round trip " << i << ": " << e.seconds << " s");
+    CHECK(e.rc == 0);
+    CHECK(e.got == text);
+  }
+}
+
+struct Idle {
+  double seconds;  // how long it slept
+  double spent;    // CPU seconds the provider's thread used meanwhile
+};
+
+// Sleeps `how_long` and measures what the provider's thread spent meanwhile.
+Idle idle_for(std::chrono::seconds how_long) {
+  const double cpu0 = ucx_test::thread_cpu_seconds("hmc-ucx");
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(how_long);
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), ucx_test::thread_cpu_seconds("hmc-ucx") - cpu0};
+}
+
 }  // namespace
 
 TEST_CASE("ucx: a worker that cannot be armed costs the provider's thread little and still delivers",
@@ -132,18 +156,8 @@ TEST_CASE("ucx: a worker that cannot be armed costs the provider's thread little
 
   g_arm_busy = true;
   const long calls = g_arm_calls.load();
-  for (int i = 0; i < 3; ++i) {
-    const std::string text = "stuck " + std::to_string(i);
-    Echo e = round_trip(u, far, text);
-    INFO("round trip " << i << ": " << e.seconds << " s");
-    CHECK(e.rc == 0);
-    CHECK(e.got == text);
-  }
-  const double cpu0 = ucx_test::thread_cpu_seconds("hmc-ucx");
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  const double idle = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double spent = ucx_test::thread_cpu_seconds("hmc-ucx") - cpu0;
+  echo_three(u, far, "stuck");
+  const auto [idle, spent] = idle_for(std::chrono::seconds(2));
   const long tries = g_arm_calls.load() - calls;
   Echo late = round_trip(u, far, "after the back-off");
   INFO("the thread used " << spent << " s of CPU in " << idle << " s idle and tried to arm " << tries
@@ -178,18 +192,8 @@ TEST_CASE("ucx: where epoll_pwait2 is refused, the provider's thread waits with 
   const long after_init = g_pwait2_calls.load();
   void* far = u.connect_up(peer.addr, "far");  // the handshake needs the thread's events
   REQUIRE(far != nullptr);
-  for (int i = 0; i < 3; ++i) {
-    const std::string text = "no pwait2 " + std::to_string(i);
-    Echo e = round_trip(u, far, text);
-    INFO("round trip " << i << ": " << e.seconds << " s");
-    CHECK(e.rc == 0);
-    CHECK(e.got == text);
-  }
-  const double cpu0 = ucx_test::thread_cpu_seconds("hmc-ucx");
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const double idle = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double spent = ucx_test::thread_cpu_seconds("hmc-ucx") - cpu0;
+  echo_three(u, far, "no pwait2");
+  const auto [idle, spent] = idle_for(std::chrono::seconds(1));
   INFO("the thread used " << spent << " s of CPU in " << idle << " s idle");
   CHECK(spent < 0.05 * idle);                       // it sleeps: no loop on a failing call
   CHECK(g_pwait2_calls.load() == after_init);      // the refusal was learnt once, at init
