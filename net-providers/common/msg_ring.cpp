@@ -143,7 +143,8 @@ void SharedRing::copy(uint64_t from, char* dst, uint64_t n) const {
 
 bool SharedRing::write(const char* msg, uint64_t total, uint64_t& done) {
   const uint64_t used = pos_ - ctl_->head.load(std::memory_order_acquire);
-  // A garbled head (used > cap_) writes nothing; the connection then times out.
+  // A garbled head (used > cap_) writes nothing: the message waits, and its send with it,
+  // until the connection ends. Only a broken peer garbles it.
   if (used > cap_ || cap_ - used < sizeof(RingRecord)) return false;
   const uint64_t rest = total - done;
   const uint64_t n = std::min(rest, cap_ - used - sizeof(RingRecord));
