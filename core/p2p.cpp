@@ -143,7 +143,7 @@ std::shared_ptr<Operation> CommImpl::isend(const void* buf, std::size_t bytes, i
     RecvOp r = std::move(*it);
     p.posted.erase(it);
     deliver_eager(p, r, data, bytes);
-    if (r.op->status().code() == ErrorCode::kMismatch) op->fail(r.op->status());
+    if (!r.op->status().ok()) op->fail(r.op->status());  // a mismatch, or a failed copy in
     else op->complete(bytes);
     return op;
   }

@@ -115,6 +115,9 @@ class Communicator {
   // kMismatch, and so does the send when it goes by rendezvous (above the pair's eager
   // limit: PathInfo::eager_limit, or past its eager window for longer than its credit
   // wait: PathInfo::eager_window, credit_wait); an eager send has completed by then.
+  // A send to this rank itself is eager at any size: it completes at once when no receive
+  // of its tag is posted (the message is kept), and fails with the receive (kMismatch)
+  // when the posted one does not fit.
   Request isend(const void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   Request irecv(void* buf, std::size_t bytes, int peer, uint64_t tag = 0);
   // Blocking forms: isend/irecv(...).wait(), HMC_TIMEOUT. A recv that times out before

@@ -128,6 +128,37 @@ TEST_CASE("messages match by tag, in order, expected or not", "[p2p]") {
   }
 }
 
+// A send to this rank itself is eager at any size (communicator.h): with no receive posted
+// it completes at once and its message waits; a posted receive that does not fit fails,
+// and the send with it. 16 B and 1 MiB, the receive posted before and after.
+TEST_CASE("a send to this rank itself follows the eager rule at any size", "[p2p][self]") {
+  auto exits = test::run_ranks(2, over("tcp"), [](RankEnv& e) {
+    uint64_t tag = 40;
+    for (const std::size_t n : {std::size_t{16}, std::size_t{1} << 20}) {
+      const auto msg = test::random_bytes(n, n);
+      std::vector<uint8_t> small(n / 2), whole(n);
+      // Receive first, too small: both fail.
+      Request r = e.comm.irecv(small.data(), small.size(), e.rank, tag);
+      Status sent = e.comm.isend(msg.data(), n, e.rank, tag).wait();
+      HMC_EXPECT(sent.code() == ErrorCode::kMismatch, std::to_string(n) + " B, posted: " + sent.to_string());
+      HMC_EXPECT(r.wait().code() == ErrorCode::kMismatch, std::to_string(n) + " B, posted receive");
+      ++tag;
+      // Send first: it completes; a receive that does not fit fails, one that fits takes it.
+      HMC_EXPECT_OK(e.comm.isend(msg.data(), n, e.rank, tag).wait());
+      HMC_EXPECT(e.comm.recv(small.data(), small.size(), e.rank, tag).code() == ErrorCode::kMismatch,
+                 std::to_string(n) + " B, late receive");
+      HMC_EXPECT_OK(e.comm.isend(msg.data(), n, e.rank, ++tag).wait());
+      HMC_EXPECT_OK(e.comm.recv(whole.data(), n, e.rank, tag));
+      HMC_EXPECT(whole == msg, std::to_string(n) + " B differs");
+      ++tag;
+    }
+    HMC_EXPECT_OK(e.comm.finalize());
+    return 0;
+  });
+  INFO(test::describe(exits));
+  REQUIRE(test::all_ok(exits));
+}
+
 TEST_CASE("finalize refuses a rendezvous send that arrives while it waits for the others", "[p2p]") {
   // Rank 1 posts a receive too small for rank 0's rendezvous send and finalizes at once,
   // so the send reaches it only during finalize's barrier. Rank 1 must still refuse it
