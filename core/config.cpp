@@ -58,7 +58,6 @@ Status validate(const ParamDef& def, const std::string& value) {
 
 std::optional<uint64_t> parse_size(const std::string& text) { return hmc_text::parse_size(text); }
 
-
 // Deadlines are the steady clock's now plus a duration, in nanoseconds of int64_t: about 292
 // years from the clock's start. Longer ones would wrap into the past ("HMC_CREDIT_WAIT=1e10",
 // meant as never), so a duration is at most kMostDuration.
