@@ -1,12 +1,17 @@
 #include "common/host.h"
 
+#include <sys/random.h>
+
 #include "hmc/provider/param_text.h"
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <random>
 
 namespace hmc_net {
 
@@ -86,6 +91,22 @@ bool parse_bool(const std::string& text, bool& out) {
   const auto value = hmc_text::parse_bool(text);
   if (value) out = *value;
   return value.has_value();
+}
+
+// From the kernel's generator: 0.3 us here. libstdc++'s random_device prefers RDSEED where
+// the CPU has it, which took 22 us per call on a KVM guest, 44 us per key, on every
+// rendezvous into memory the caller allocated itself (a region key each).
+uint64_t random_key() {
+  uint64_t k = 0;
+  while (k == 0) {
+    if (getrandom(&k, sizeof(k), 0) == static_cast<ssize_t>(sizeof(k))) continue;
+    if (errno == EINTR) continue;
+    static std::mutex mu;  // no getrandom (ENOSYS): the old way
+    static std::random_device device;
+    std::lock_guard lock(mu);
+    k = (uint64_t{device()} << 32) ^ device();
+  }
+  return k;
 }
 
 void copy_text(const std::string& text, char* out, size_t cap) {

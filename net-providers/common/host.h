@@ -63,6 +63,9 @@ int guarded(void* state, F&& fn) {
 bool parse_size(const std::string& text, uint64_t& out);
 bool parse_bool(const std::string& text, bool& out);
 
+// A random 64-bit number, never 0 (region keys, ring nonces).
+uint64_t random_key();
+
 // Copies `text` into a C buffer, truncating, always NUL-terminated when cap > 0.
 void copy_text(const std::string& text, char* out, size_t cap);
 

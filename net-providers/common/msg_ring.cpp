@@ -1,10 +1,10 @@
 #include "common/msg_ring.h"
 
+#include "common/host.h"
 #include "common/sealed_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,14 +64,7 @@ std::unique_ptr<SharedRing> SharedRing::create(size_t capacity, bool messages, s
   ctl->version = kRingVersion;
   ctl->capacity = cap;
   ctl->messages = messages ? 1 : 0;
-  while (ctl->nonce == 0 && getrandom(&ctl->nonce, sizeof(ctl->nonce), 0) != sizeof(ctl->nonce)) {
-    if (errno != EINTR) {
-      why = std::string("getrandom for a message ring: ") + std::strerror(errno);
-      munmap(base, bytes);
-      close(fd);
-      return nullptr;
-    }
-  }
+  ctl->nonce = random_key();
   auto ring = std::unique_ptr<SharedRing>(new SharedRing(fd, base, bytes));
   ring->messages_ = messages;
   return ring;

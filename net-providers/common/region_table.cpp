@@ -1,9 +1,9 @@
 #include "common/region_table.h"
 
+#include "common/host.h"
 #include "common/sealed_file.h"
 
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,28 +11,8 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <random>
 
 namespace hmc_net {
-namespace {
-
-// A fresh key for every registration, from the kernel's generator: 0.3 us here. libstdc++'s
-// random_device prefers RDSEED where the CPU has it, which took 22 us per call on a KVM
-// guest, 44 us per key, on every rendezvous into memory the caller allocated itself.
-uint64_t random_key() {
-  uint64_t k = 0;
-  while (k == 0) {
-    if (getrandom(&k, sizeof(k), 0) == static_cast<ssize_t>(sizeof(k))) continue;
-    if (errno == EINTR) continue;
-    static std::mutex mu;  // no getrandom (ENOSYS): the old way
-    static std::random_device device;
-    std::lock_guard lock(mu);
-    k = (uint64_t{device()} << 32) ^ device();
-  }
-  return k;
-}
-
-}  // namespace
 
 RegionTable::~RegionTable() {
   if (shared_ != nullptr) munmap(shared_, kSharedSlots * sizeof(RegionDesc));
