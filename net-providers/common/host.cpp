@@ -72,9 +72,10 @@ bool Host::get_int(const hmc_param_t& param, int64_t min, int64_t max, int64_t& 
   std::string text;
   if (!get_string(param, text, why)) return false;
   // libhmc's grammar (strtoll's: " 5" and "+5" too): what it let through parses here.
-  if (hmc_text::valid("int", text)) {
-    out = std::strtoll(text.c_str(), nullptr, 10);
-    if (out >= min && out <= max) return true;
+  const auto value = hmc_text::parse_int(text);
+  if (value && *value >= min && *value <= max) {
+    out = *value;
+    return true;
   }
   why = std::string(param.name) + ": malformed integer '" + text + "' (expected " +
         std::to_string(min) + ".." + std::to_string(max) + ")";

@@ -93,16 +93,20 @@ inline std::optional<bool> parse_bool(const std::string& text) {
   return std::nullopt;
 }
 
+// An int as strtoll reads one (leading blanks and a sign too), whole and in range.
+inline std::optional<int64_t> parse_int(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
 // Whether `text` is a value of the parameter type `type` ("int", "size", "bool",
 // "duration"; "list" and "string" take any text), as libhmc checks before a provider's
 // init: a provider's default must pass too.
 inline bool valid(const std::string& type, const std::string& text) {
-  if (type == "int") {
-    char* end = nullptr;
-    errno = 0;
-    std::strtoll(text.c_str(), &end, 10);
-    return !text.empty() && *end == '\0' && errno == 0;
-  }
+  if (type == "int") return parse_int(text).has_value();
   if (type == "size") return parse_size(text).has_value();
   if (type == "bool") return parse_bool(text).has_value();
   if (type == "duration") {
