@@ -117,8 +117,6 @@ struct Host {
   std::map<std::string, std::string> config;
 };
 
-std::map<std::string, std::string> environment_config() { return hmc::conformance::environment_settings(); }
-
 void host_log(void*, int level, const char* provider, const char* message) {
   static const bool verbose = std::strcmp(env_or("HMC_CONFORMANCE_VERBOSE", "0"), "1") == 0;
   static const char* kNames[] = {"trace", "debug", "info", "warn", "error"};
@@ -160,7 +158,7 @@ class Session {
   // Loads and initialises; Catch REQUIREs fail the test on a broken plugin.
   void open(const std::string& path, const std::map<std::string, std::string>& config = {}) {
     path_ = path;
-    host_.config = environment_config();
+    host_.config = hmc::conformance::environment_settings();
     for (const auto& [name, value] : config) host_.config[name] = value;
     dl_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     INFO("dlopen " << path << ": " << (dl_ ? "ok" : dlerror()));
@@ -1464,7 +1462,7 @@ int ipc_child(const char* plugin) {
   auto entry = reinterpret_cast<hmc_device_entry_v1_fn>(dlsym(dl, HMC_DEVICE_ENTRY_V1));
   const hmc_device_provider_t* p = entry ? entry() : nullptr;
   if (!p) return die("child: no provider table");
-  Host host{environment_config()};
+  Host host{hmc::conformance::environment_settings()};
   hmc::conformance::add_param_defaults(host.config, p->params, p->num_params);
   hmc_host_services_t services{sizeof(services), &host, host_log, host_config_get, host_wake};
   void* state = nullptr;
@@ -1737,7 +1735,7 @@ int require_available() {
       std::fprintf(stderr, "hmc-conformance-device: %s has no provider table\n", path.c_str());
       return 1;
     }
-    Host host{environment_config()};
+    Host host{hmc::conformance::environment_settings()};
     hmc::conformance::add_param_defaults(host.config, p->params, p->num_params);
     hmc_host_services_t services{sizeof(services), &host, host_log, host_config_get, host_wake};
     void* state = nullptr;
